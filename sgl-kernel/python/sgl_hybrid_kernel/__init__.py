@@ -1,0 +1,1 @@
+"""Kernels and plain-torch references for hybrid-LLM layers (no SGLang import)."""
