@@ -1,0 +1,179 @@
+"""KDA linear-attention backend with a CPU (plain-torch) path.
+
+Upstream SGLang 0.5.23 builds ``KDAAttnBackend`` for every Kimi-Linear-family
+model; its kernels are Triton/CUDA only, so on CPU it cannot run. The plugin
+replaces that class (``HookRegistry`` class REPLACE, which keeps ``isinstance``
+true) with :class:`HybridKDAAttnBackend`, a subclass that:
+
+* on CPU runs prefill/extend and decode with :mod:`sgl_hybrid_kernel` ops
+  (conv1d, KDA gate, chunked KDA, recurrent KDA) and writes the prefix-cache
+  track snapshots (``extra_buffer`` strategy) in plain torch;
+* on GPU defers to upstream unchanged (our Triton kernels arrive with the
+  recurrent-kernel issue).
+
+Tensor contract with the model (``RadixLinearAttention`` call): ``mixed_qkv``
+``[N, 3 * H * D]`` (q | k | v, pre-convolution), ``a`` the raw forget-gate
+projection ``[N, H * D]`` (or any shape with ``N * H * D`` elements), ``b``
+the raw beta projection (``N * H`` elements). Returns ``[1, N, H, D]``; the
+model applies the gated output norm. State layout is SGLang's KDA pool:
+conv ``[slots, K - 1, 3 * H * D]``, recurrent ``[slots, H, D_v, D_k]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sgl_hybrid_kernel.conv.reference import causal_conv1d, causal_conv1d_step
+from sgl_hybrid_kernel.dispatch import record_choice
+from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
+from sgl_hybrid_kernel.norm.reference import l2_norm
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+from sglang_hybrid.platforms import current_platform
+
+logger = logging.getLogger(__name__)
+
+
+class HybridKDAAttnBackend(KDAAttnBackend):
+    """Upstream's KDA backend, with a plain-torch path on CPU (see module docstring)."""
+
+    def __init__(self, model_runner):
+        self._torch_path = current_platform().is_cpu
+        if not self._torch_path:
+            super().__init__(model_runner)
+            return
+        # Upstream's __init__ builds a Triton/CUDA kernel dispatcher; on CPU we
+        # only need the shared metadata machinery of the base class.
+        MambaAttnBackendBase.__init__(self, model_runner)
+        self.conv_states_shape = (
+            model_runner.req_to_token_pool.mamba_pool.mamba_cache.conv[0].transpose(-1, -2).shape
+        )
+        self.kernel_dispatcher = None
+        self.prefill_graph_metadata = None
+        self._fused_chain_verify_fn = None
+        for op in ("kda_prefill", "kda_decode", "causal_conv1d"):
+            record_choice(op, "torch", "CPU platform: plain-torch reference", log=logger)
+
+    # ------------------------------------------------------------------ metadata
+    def init_forward_metadata(self, forward_batch):
+        if not self._torch_path:
+            return super().init_forward_metadata(forward_batch)
+        MambaAttnBackendBase.init_forward_metadata(self, forward_batch)
+        md = self.forward_metadata
+        if md.has_mamba_track_mask:
+            if md.mamba_track_mask_indices is None:
+                md.mamba_track_mask_indices = forward_batch.mamba_track_mask.nonzero(as_tuple=True)[0]
+            md.conv_states_mask_indices = forward_batch.mamba_track_indices[md.mamba_track_mask_indices]
+
+    def supports_prefill_graph_extend(self) -> bool:
+        return False if self._torch_path else super().supports_prefill_graph_extend()
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _split_heads(layer, qkv: torch.Tensor):
+        q, k, v = qkv.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        q = q.unflatten(-1, (layer.num_q_heads, layer.head_q_dim))
+        k = k.unflatten(-1, (layer.num_k_heads, layer.head_k_dim))
+        v = v.unflatten(-1, (layer.num_v_heads, layer.head_v_dim))
+        return l2_norm(q), l2_norm(k), v
+
+    @staticmethod
+    def _gates(layer, a: torch.Tensor, b: torch.Tensor, n: int):
+        f = a.reshape(n, layer.num_v_heads, layer.head_k_dim)
+        g = kda_gate(f, layer.A_log, layer.dt_bias, layer.lower_bound)
+        beta = b.reshape(n, layer.num_v_heads).float().sigmoid()
+        return g, beta
+
+    # ------------------------------------------------------------------ extend
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if not self._torch_path:
+            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if forward_batch.forward_mode.is_target_verify():
+            raise NotImplementedError("speculative verify on CPU is not supported yet (KDA backend)")
+        md = self.forward_metadata
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        conv_pool = cache.conv[0]  # [slots, K-1, C]
+        ssm_pool = cache.temporal  # [slots, H, V, K]
+        slots = md.mamba_cache_indices.tolist()
+        lens = list(forward_batch.extend_seq_lens_cpu)
+        prefix_lens = list(forward_batch.extend_prefix_lens_cpu)
+        n_total = sum(lens)
+        mixed_qkv = mixed_qkv[:n_total]
+
+        if md.has_mamba_track_mask:
+            # Snapshot the raw conv window that ends at the last track-aligned
+            # boundary (the prefix-cache checkpoint), as upstream does.
+            conv_pool[md.conv_states_mask_indices] = mixed_qkv[md.track_conv_indices].to(conv_pool.dtype)
+        track_chunks = md.track_chunk_idx.tolist() if (md.has_mamba_track_mask and md.track_chunk_idx is not None) else None
+        h_track = None
+        if track_chunks is not None and any(c >= 0 for c in track_chunks):
+            h_track = torch.zeros((len(lens), *ssm_pool.shape[1:]), dtype=torch.float32)
+
+        g_all, beta_all = self._gates(layer, a, b, n_total)
+        out = mixed_qkv.new_empty(n_total, layer.num_v_heads, layer.head_v_dim)
+        weight = layer.conv_weights
+        start = 0
+        for i, (n, prefix, slot) in enumerate(zip(lens, prefix_lens, slots)):
+            sl = slice(start, start + n)
+            start += n
+            if n == 0:
+                continue
+            has_state = prefix > 0
+            conv_state = conv_pool[slot] if has_state else None
+            x, new_conv = causal_conv1d(mixed_qkv[sl], weight, conv_state, activation="silu")
+            conv_pool[slot] = new_conv.to(conv_pool.dtype)
+            q, k, v = self._split_heads(layer, x)
+            s0 = ssm_pool[slot].transpose(-1, -2).float() if has_state else None
+            cps = []
+            if h_track is not None and track_chunks[i] > 0:
+                cps = [track_chunks[i] * self.mamba_chunk_size]
+            o, s_final, states = kda_chunk(
+                q, k, v, g_all[sl], beta_all[sl], initial_state=s0, chunk_size=self.mamba_chunk_size, checkpoints=cps
+            )
+            if h_track is not None and track_chunks[i] == 0:
+                h_track[i] = s0.transpose(-1, -2) if s0 is not None else 0.0
+            elif cps:
+                h_track[i] = states[cps[0]].transpose(-1, -2)
+            ssm_pool[slot] = s_final.transpose(-1, -2).to(ssm_pool.dtype)
+            out[sl] = o
+        if md.has_mamba_track_mask:
+            self._track_mamba_state_extend(forward_batch, None, ssm_pool, md, h_track_buf=h_track)
+        return out.unsqueeze(0)
+
+    # ------------------------------------------------------------------ decode
+    def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if not self._torch_path:
+            return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        md = self.forward_metadata
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        conv_pool, ssm_pool = cache.conv[0], cache.temporal
+        idx = md.mamba_cache_indices.long()
+        n = mixed_qkv.shape[0]
+        x = causal_conv1d_step(mixed_qkv, layer.conv_weights, conv_pool, idx, activation="silu")
+        q, k, v = self._split_heads(layer, x)
+        g, beta = self._gates(layer, a, b, n)
+        out = mixed_qkv.new_empty(n, layer.num_v_heads, layer.head_v_dim)
+        for i in range(n):
+            slot = int(idx[i])
+            s0 = ssm_pool[slot].transpose(-1, -2)
+            o, s1 = kda_recurrent(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], initial_state=s0)
+            ssm_pool[slot] = s1.transpose(-1, -2).to(ssm_pool.dtype)
+            out[i] = o[0]
+        self._track_decode_torch(forward_batch, conv_pool, ssm_pool, idx)
+        return out.unsqueeze(0)
+
+    def _track_decode_torch(self, forward_batch, conv_pool, ssm_pool, idx):
+        """Copy the state of tracked rows to their checkpoint slots (upstream
+        does this with a Triton scatter; same semantics, per layer)."""
+        mask = forward_batch.mamba_track_mask
+        if mask is None or not bool(mask.any()):
+            return
+        rows = mask.nonzero(as_tuple=True)[0]
+        dst = self.forward_metadata.mamba_track_indices[rows].long()
+        src = idx[rows]
+        conv_pool[dst] = conv_pool[src]
+        ssm_pool[dst] = ssm_pool[src]

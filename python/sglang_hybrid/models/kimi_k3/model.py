@@ -1,0 +1,193 @@
+"""Kimi K3 text model, plain-torch reference (CPU device only).
+
+Same architecture name (``KimiK3LinearForCausalLM``), config class (upstream's
+``KimiLinearConfig``) and checkpoint names as upstream SGLang 0.5.23's
+``models/kimi_k3.py``. Layer pattern from ``linear_attn_config``
+(``kda_layers`` / ``full_attn_layers``, 1-based); MoE from
+``first_k_dense_replace`` on, every ``moe_layer_freq`` layers.
+
+Attention residuals (``attn_res_block_size = B``): the residual stream is a bank
+of snapshots plus the running partial sum of the current block. Every read
+(attention input, FFN input, final norm) mixes ``[bank..., partial +
+contribution]`` with softmax weights (``sgl_hybrid_kernel.attn_res``) and then
+applies the read's RMSNorm. Layer ``i`` with ``i % B == 0`` moves the partial
+sum it reads into the bank and restarts it. Without ``attn_res_block_size`` the
+model uses the ordinary pre-norm residual.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from sgl_hybrid_kernel.attn_res.reference import attn_res_mix
+from sgl_hybrid_kernel.norm.reference import rms_norm
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_context import get_attn_backend
+
+from sglang_hybrid.models.kimi_k3.kda import KimiK3KDA, _param
+from sglang_hybrid.models.kimi_k3.mla import KimiK3MLA
+from sglang_hybrid.models.kimi_k3.moe import KimiK3MoE, SwiGLUMLP
+from sglang_hybrid.models.kimi_k3.weights import ShardSpec, load_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+def is_moe_layer(config, layer_id: int) -> bool:
+    """Upstream's rule: MoE past the dense prefix, on the MoE cadence."""
+    return (
+        config.num_experts is not None
+        and layer_id >= config.first_k_dense_replace
+        and layer_id % config.moe_layer_freq == 0
+    )
+
+
+class _ResidualScore(nn.Module):
+    """The scoring pair of one AttnRes read: an RMSNorm weight and a ``[1, D]`` projection."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.norm = _param(hidden_size)
+        self.proj = _param(1, hidden_size)
+
+
+class KimiK3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.is_kda = config.is_kda_layer(layer_id)
+        self.self_attn = KimiK3KDA(config, layer_id) if self.is_kda else KimiK3MLA(config, layer_id)
+        if is_moe_layer(config, layer_id):
+            self.mlp = KimiK3MoE(config)
+        else:
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = _param(config.hidden_size)
+        self.post_attention_layernorm = _param(config.hidden_size)
+        self.block_size = config.attn_res_block_size
+        if self.block_size is not None:
+            self.attn_score = _ResidualScore(config.hidden_size)
+            self.mlp_score = _ResidualScore(config.hidden_size)
+            self.writes_block = layer_id % self.block_size == 0
+
+    def checkpoint_mapping(self, prefix: str) -> Dict[str, ShardSpec]:
+        m = dict(self.self_attn.checkpoint_mapping(f"{prefix}.self_attn"))
+        m.update(self.mlp.checkpoint_mapping(f"{prefix}.mlp"))
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            m[f"{prefix}.{n}.weight"] = ShardSpec(f"{prefix}.{n}")
+        if self.block_size is not None:
+            for ckpt, ours in (("self_attention_res", "attn_score"), ("mlp_res", "mlp_score")):
+                m[f"{prefix}.{ckpt}_norm.weight"] = ShardSpec(f"{prefix}.{ours}.norm")
+                m[f"{prefix}.{ckpt}_proj.weight"] = ShardSpec(f"{prefix}.{ours}.proj")
+        return m
+
+    def run_attention(self, x, forward_batch, kv_pool, req_to_token):
+        if self.is_kda:
+            return self.self_attn(x, forward_batch)
+        return self.self_attn(x, forward_batch, kv_pool, req_to_token)
+
+
+class _ResidualStream:
+    """The AttnRes bank of one forward pass (see module docstring)."""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+        self.bank: List[torch.Tensor] = []
+        self.partial: Optional[torch.Tensor] = None
+
+    def read(self, contribution: torch.Tensor, score: _ResidualScore, norm_weight, write: bool) -> torch.Tensor:
+        head = contribution if self.partial is None else self.partial + contribution
+        mixed = attn_res_mix(torch.stack(self.bank + [head], dim=1), score.norm, score.proj, self.eps)
+        if write:
+            self.bank.append(head)
+            self.partial = None
+        else:
+            self.partial = head
+        return rms_norm(mixed, norm_weight, self.eps)
+
+
+class KimiK3ReferenceModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([KimiK3DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = _param(config.hidden_size)
+        if config.attn_res_block_size is not None:
+            self.output_score = _ResidualScore(config.hidden_size)
+
+    def checkpoint_mapping(self) -> Dict[str, ShardSpec]:
+        m = {"model.embed_tokens.weight": ShardSpec("model.embed_tokens.weight"), "model.norm.weight": ShardSpec("model.norm")}
+        for i, layer in enumerate(self.layers):
+            m.update(layer.checkpoint_mapping(f"model.layers.{i}"))
+        if self.config.attn_res_block_size is not None:
+            m["model.output_attn_res_norm.weight"] = ShardSpec("model.output_score.norm")
+            m["model.output_attn_res_proj.weight"] = ShardSpec("model.output_score.proj")
+        return m
+
+    def forward(self, input_ids: torch.Tensor, forward_batch, input_embeds=None) -> torch.Tensor:
+        backend = get_attn_backend()
+        kv_pool, req_to_token = backend.token_to_kv_pool, backend.req_to_token_pool.req_to_token
+        h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        eps = self.config.rms_norm_eps
+        if self.config.attn_res_block_size is None:
+            for layer in self.layers:
+                h = h + layer.run_attention(rms_norm(h, layer.input_layernorm, eps), forward_batch, kv_pool, req_to_token)
+                h = h + layer.mlp(rms_norm(h, layer.post_attention_layernorm, eps))
+            return rms_norm(h, self.norm, eps)
+        stream = _ResidualStream(eps)
+        contribution = h
+        for layer in self.layers:
+            x = stream.read(contribution, layer.attn_score, layer.input_layernorm, write=layer.writes_block)
+            a = layer.run_attention(x, forward_batch, kv_pool, req_to_token)
+            x = stream.read(a, layer.mlp_score, layer.post_attention_layernorm, write=False)
+            contribution = layer.mlp(x)
+        return stream.read(contribution, self.output_score, self.norm, write=False)
+
+
+class KimiK3ReferenceForCausalLM(nn.Module):
+    """Plain-torch Kimi K3 causal LM served by upstream SGLang on CPU.
+
+    ``forward(input_ids [N], positions [N], forward_batch)`` returns upstream's
+    ``LogitsProcessorOutput``. Limits (each raises ``NotImplementedError`` at
+    construction): TP = 1, no latent MoE, SiLU experts, sigmoid routing,
+    full-rank KDA output gate.
+    """
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        if quant_config is not None:
+            raise NotImplementedError("the Kimi K3 CPU reference model runs unquantized weights only")
+        from sglang.srt.runtime_context import get_parallel
+
+        if get_parallel().tp_size != 1:
+            raise NotImplementedError("the Kimi K3 CPU reference model supports --tp 1 only")
+        self.config = config
+        self.model = KimiK3ReferenceModel(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.logits_processor = LogitsProcessor(config)
+        self.start_layer, self.end_layer = 0, config.num_hidden_layers
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
+        hidden = self.model(input_ids, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    def checkpoint_mapping(self) -> Dict[str, ShardSpec]:
+        m = self.model.checkpoint_mapping()
+        if not getattr(self.config, "tie_word_embeddings", False):
+            m["lm_head.weight"] = ShardSpec("lm_head.weight")
+        return m
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
+        """Load upstream-named checkpoint tensors; raises ``ValueError`` on any mismatch."""
+        return load_checkpoint(self, weights, self.checkpoint_mapping())
+
