@@ -40,7 +40,7 @@ def mla_attention_absorbed(
 
     Returns:
         ``(o_lat, lse)``: ``o_lat`` ``[T, H, R]`` in ``q_lat.dtype`` (FP32 math),
-        ``lse`` ``[T, H]`` FP32, the natural-log log-sum-exp of the scaled scores.
+        ``lse`` ``[T, H]`` (FP32, or FP64 for FP64 inputs), the natural-log log-sum-exp of the scaled scores.
 
     Raises:
         ValueError: inconsistent lengths.
@@ -51,13 +51,14 @@ def mla_attention_absorbed(
         raise ValueError(
             f"cache holds {S} latent / {k_pe.shape[0]} rope rows, expected prefix_len + T = {prefix_len + T}"
         )
-    scores = torch.einsum("thr,sr->ths", q_lat.float(), latent.float())
-    scores = scores + torch.einsum("thp,sp->ths", q_pe.float(), k_pe.float())
+    acc = torch.promote_types(q_lat.dtype, torch.float32)  # FP32 math, FP64 stays FP64
+    scores = torch.einsum("thr,sr->ths", q_lat.to(acc), latent.to(acc))
+    scores = scores + torch.einsum("thp,sp->ths", q_pe.to(acc), k_pe.to(acc))
     scores = scores * scale
     pos_q = torch.arange(T, device=q_lat.device) + prefix_len
     mask = torch.arange(S, device=q_lat.device).unsqueeze(0) > pos_q.unsqueeze(1)  # [T, S]
     scores = scores.masked_fill(mask.unsqueeze(1), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1))
-    o_lat = torch.einsum("ths,sr->thr", probs, latent.float())
+    o_lat = torch.einsum("ths,sr->thr", probs, latent.to(acc))
     return o_lat.to(q_lat.dtype), lse

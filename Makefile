@@ -1,0 +1,66 @@
+# sglang-hybrid: one-command install, tests and the demo.
+#   make install   venv in .venv with pinned sglang==0.5.23 + our packages (idempotent)
+#   make test      the test suite (what .ci/run calls)
+#   make demo      tiny Kimi K3 model -> server -> Mooncake trace replay -> summary
+#
+# DEVICE=cpu|cuda|rocm overrides the detection below. On cpu the CPU-feasible
+# subset of sglang's requirements is installed from python/requirements/cpu.txt,
+# then sglang itself with --no-deps, then our packages and the CPU sgl_kernel shim.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+SGLANG_VERSION := 0.5.23
+TORCH_VERSION := 2.14.1
+TORCHVISION_VERSION := 0.29.1
+DEVICE ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo cuda; \
+                  elif [ -e /dev/kfd ]; then echo rocm; else echo cpu; fi)
+STAMP := $(VENV)/.installed-$(DEVICE)
+INSTALL_INPUTS := Makefile python/pyproject.toml sgl-kernel/pyproject.toml sgl-kernel/cpu_shim/pyproject.toml \
+                  python/requirements/cpu.txt python/requirements/test.txt
+
+TINY_MODEL ?= models/kimi-k3-tiny
+PYTEST_ARGS ?=
+TESTS ?= sgl-kernel/tests test
+
+export SGLANG_USE_CPU_ENGINE := $(if $(filter cpu,$(DEVICE)),1,0)
+
+.PHONY: install test demo tiny-model clean help
+
+help:
+	@sed -n '2,9p' Makefile
+
+install: $(STAMP)
+
+$(STAMP): $(INSTALL_INPUTS)
+	@echo ">> installing into $(VENV) for DEVICE=$(DEVICE)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
+ifeq ($(DEVICE),cpu)
+	$(PIP) install -r python/requirements/cpu.txt
+	$(PIP) install --no-deps sglang==$(SGLANG_VERSION)
+	$(PIP) install --no-deps -e sgl-kernel -e python -e sgl-kernel/cpu_shim
+else
+	$(PIP) install sglang==$(SGLANG_VERSION)
+	$(PIP) install --no-deps -e sgl-kernel -e python
+endif
+	$(PIP) install -r python/requirements/test.txt
+	$(PY) -c "import sglang, sglang_hybrid, sgl_hybrid_kernel; print('sglang', sglang.__version__, 'OK')"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+tiny-model: install
+	@test -f $(TINY_MODEL)/config.json || $(PY) -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3 --out $(TINY_MODEL)
+
+test: install
+	@set +e; $(PY) -m pytest $(TESTS) $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests from '$(TESTS)': treating as a failure"; exit 1; fi; \
+	exit $$rc
+
+demo: tiny-model
+	$(PY) -m sglang_hybrid.bench.demo --model-path $(TINY_MODEL)
+
+clean:
+	rm -rf $(VENV) models runs .pytest_cache

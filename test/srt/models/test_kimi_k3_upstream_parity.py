@@ -1,0 +1,157 @@
+"""Our CPU reference model against upstream SGLang 0.5.23's own Kimi K3 class.
+
+Upstream's ``KimiK3LinearForCausalLM`` cannot run a forward pass on CPU (CUDA
+streams, Triton/CUDA KDA and FusedMoE kernels, GPU attention backends), so this
+compares everything that *can* run here (docs/kimi-k3-reference.md lists the
+rest):
+
+* upstream's config class parses our ``config.json`` to the layer pattern and
+  state-pool shapes our model and backend assume;
+* upstream's class, built on CPU (a stub for ``torch.cuda.Stream``), loads our
+  checkpoint through its own ``load_weights``: every upstream parameter is
+  filled, and holds exactly the values our model holds;
+* upstream layer code that runs on CPU gives our results: the dense SwiGLU MLP,
+  RMSNorm, the FP32 MoE router with its biased grouped top-k, and AttnRes
+  aggregation (``aggregate_stream_torch``).
+"""
+
+from __future__ import annotations
+
+import unittest
+from unittest import mock
+
+import torch
+
+from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+from sglang.test.layer_ut_utils import init_single_process_dist
+from sglang_hybrid.bench.server import free_port
+from tiny_model import tiny_kimi_k3
+
+import sglang.srt.models.kimi_k3 as upstream_k3  # noqa: E402  (after sglang's own imports)
+from sgl_hybrid_kernel.attn_res import attn_res_mix
+from sgl_hybrid_kernel.moe import biased_grouped_topk
+from sgl_hybrid_kernel.norm import rms_norm
+from sglang.srt.configs.kimi_linear import KimiLinearConfig
+from sglang.srt.layers.attn_residual import aggregate_stream_torch
+from sglang.srt.layers.moe.topk import biased_grouped_topk_impl
+from sglang_hybrid.models.kimi_k3 import KimiK3ReferenceForCausalLM
+
+
+class _NoStream:
+    """Stand-in for ``torch.cuda.Stream`` so upstream's class can be built on CPU."""
+
+
+def _weights(model_dir):
+    return safetensors_weights_iterator([f"{model_dir}/model.safetensors"])
+
+
+class TestKimiK3UpstreamParity(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        init_single_process_dist(free_port())
+        cls.model_dir = tiny_kimi_k3()
+        cls.cfg = KimiLinearConfig.from_pretrained(cls.model_dir)
+        torch.set_default_dtype(torch.float32)
+        with mock.patch.object(torch.cuda, "Stream", _NoStream):
+            cls.upstream = upstream_k3.KimiK3LinearForCausalLM(cls.cfg)
+        # post_load_weights only fuses/precompiles for GPU kernels.
+        with mock.patch.object(upstream_k3.KimiK3LinearForCausalLM, "post_load_weights"):
+            cls.upstream_loaded = cls.upstream.load_weights(_weights(cls.model_dir))
+        cls.ours = KimiK3ReferenceForCausalLM(cls.cfg)
+        cls.ours.load_weights(_weights(cls.model_dir))
+        cls.up = dict(cls.upstream.named_parameters())
+        cls.me = dict(cls.ours.named_parameters())
+
+    def test_upstream_config_parses_our_checkpoint(self):
+        c = self.cfg
+        self.assertEqual(c.model_type, "kimi_linear")
+        self.assertTrue(c.is_mla and c.is_moe and c.is_linear_attn)
+        self.assertEqual(c.full_attention_layer_ids, [3, 7])
+        self.assertEqual(c.linear_layer_ids, [0, 1, 2, 4, 5, 6])
+        params = c.mamba2_cache_params
+        la = c.linear_attn_config
+        proj = la["num_heads"] * la["head_dim"]
+        # Pool layout our backend reads: conv [K-1, 3*P] (raw rows), state [H, V, K].
+        self.assertEqual(params.shape.conv, [(la["short_conv_kernel_size"] - 1, 3 * proj)])
+        self.assertEqual(params.shape.temporal, (la["num_heads"], la["head_dim"], la["head_dim"]))
+        self.assertEqual(params.layers, c.linear_layer_ids)
+
+    def test_upstream_class_loads_every_parameter(self):
+        self.assertEqual(set(self.up), set(self.upstream_loaded))
+
+    def _pairs(self):
+        """(upstream param, our tensor) for every upstream parameter."""
+        for name, p in self.up.items():
+            ours = name
+            for a, b in (
+                ("self_attention_res_norm.weight", "attn_score.norm"),
+                ("self_attention_res_proj.weight", "attn_score.proj"),
+                ("mlp_res_norm.weight", "mlp_score.norm"),
+                ("mlp_res_proj.weight", "mlp_score.proj"),
+                ("model.output_attn_res_norm.weight", "model.output_score.norm"),
+                ("model.output_attn_res_proj.weight", "model.output_score.proj"),
+                ("experts.w13_weight", "w13"),
+                ("experts.w2_weight", "w2"),
+            ):
+                ours = ours.replace(a, b)
+            if name.endswith("fused_qkvg_proj.weight"):
+                base = name[: -len("fused_qkvg_proj.weight")]
+                yield name, p, torch.cat([self.me[base + "qkv_proj"], self.me[base + "g_proj"]])
+                continue
+            if name.endswith("qkv_conv1d.weight"):
+                yield name, p, self.me[name[: -len(".weight")]].unsqueeze(1)
+                continue
+            if name not in self.me and ours.endswith(".weight") and ours[: -len(".weight")] in self.me:
+                ours = ours[: -len(".weight")]
+            target = self.me[ours]
+            if name.endswith("A_log"):
+                target = target.view(p.shape)
+            yield name, p, target
+
+
+    def test_parameters_equal_upstream_after_loading(self):
+        n = 0
+        for name, up, ours in self._pairs():
+            self.assertEqual(tuple(up.shape), tuple(ours.shape), name)
+            torch.testing.assert_close(up.data, ours.data, rtol=0, atol=0, msg=name)
+            n += 1
+        self.assertEqual(n, len(self.up))
+
+    def test_dense_mlp_and_rmsnorm_forward(self):
+        x = torch.randn(6, self.cfg.hidden_size)
+        up_layer = self.upstream.model.layers[0]
+        my_layer = self.ours.model.layers[0]
+        torch.testing.assert_close(my_layer.mlp(x), up_layer.mlp(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            rms_norm(x, my_layer.input_layernorm, self.cfg.rms_norm_eps),
+            up_layer.input_layernorm.forward_native(x),
+            rtol=1e-6,
+            atol=1e-6,
+        )
+
+    def test_moe_router_and_topk(self):
+        x = torch.randn(32, self.cfg.hidden_size)
+        up_moe, my_moe = self.upstream.model.layers[1].mlp, self.ours.model.layers[1].mlp
+        logits = up_moe.gate(x)
+        w_up, ids_up = biased_grouped_topk_impl(
+            x, logits, up_moe.gate.e_score_correction_bias, self.cfg.num_experts_per_token, True,
+            self.cfg.num_expert_group, self.cfg.topk_group,
+            routed_scaling_factor=self.cfg.routed_scaling_factor, apply_routed_scaling_factor_on_output=True,
+        )
+        w_me, ids_me = my_moe.route(x)
+        order_up, order_me = ids_up.long().sort(-1), ids_me.sort(-1)
+        torch.testing.assert_close(order_me.values, order_up.values)
+        torch.testing.assert_close(w_me.gather(1, order_me.indices), w_up.gather(1, order_up.indices), rtol=1e-5, atol=1e-6)
+
+    def test_attn_res_aggregation(self):
+        D = self.cfg.hidden_size
+        prefix, bank = torch.randn(5, D), torch.randn(5, 3, D)
+        layer_up, layer_me = self.upstream.model.layers[4], self.ours.model.layers[4]
+        ref = aggregate_stream_torch(prefix, bank, 2, layer_up.self_attention_res_proj, layer_up.self_attention_res_norm)
+        rows = torch.cat([bank[:, :2], prefix[:, None]], dim=1)
+        ours = attn_res_mix(rows, layer_me.attn_score.norm, layer_me.attn_score.proj, self.cfg.rms_norm_eps)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,20 @@
+"""The tiny Kimi K3 checkpoint shared by the server tests (built once per session)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from sglang_hybrid.tools.make_tiny_model import build
+
+_CACHE_DIR = os.environ.get("SGLANG_HYBRID_TEST_MODEL_DIR") or os.path.join(
+    tempfile.gettempdir(), "sglang-hybrid-test-models"
+)
+
+
+def tiny_kimi_k3(seed: int = 0) -> str:
+    """Path of a tiny Kimi K3 checkpoint (built on first use; same seed -> same files)."""
+    out = os.path.join(_CACHE_DIR, f"kimi-k3-tiny-seed{seed}")
+    if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+        build("kimi-k3", out, seed=seed)
+    return out
