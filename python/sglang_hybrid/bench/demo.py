@@ -32,7 +32,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     import os
 
     os.makedirs(os.path.dirname(args.server_log) or ".", exist_ok=True)
-    server_args = cpu_server_args() + args.extra_server_args.split()
+    # Pools big enough that the first few hundred requests' prefixes are not
+    # evicted before their continuations arrive (~170 MB KV + ~130 MB states).
+    server_args = cpu_server_args(max_total_tokens=262144, max_mamba_cache_size=1024) + args.extra_server_args.split()
     print(f">> starting server on {args.model_path} (log: {args.server_log})", flush=True)
     t0 = time.monotonic()
     with LaunchedServer(args.model_path, server_args, log_path=args.server_log) as server:

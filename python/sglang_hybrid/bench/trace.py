@@ -24,7 +24,16 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-DEFAULT_TRACE_PATH = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+def _default_trace_path() -> str:
+    """``$SGLANG_HYBRID_TRACE`` if set, else the copy in the repository's ``benchmark/traces/``."""
+    env = os.environ.get("SGLANG_HYBRID_TRACE")
+    if env:
+        return env
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return os.path.join(repo, "benchmark", "traces", "mooncake_conversation_trace.jsonl")
+
+
+DEFAULT_TRACE_PATH = _default_trace_path()
 TRACE_BLOCK_SIZE = 512  # tokens per hash id in the Mooncake release
 # Used when neither --model-path nor --vocab-size says anything about the
 # vocabulary: ids below 1000 hold the special/control tokens of most
