@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from sgl_hybrid_kernel.attn_res.reference import attn_res_mix
+from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.norm.reference import rms_norm
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -166,6 +167,8 @@ class KimiK3ReferenceForCausalLM(nn.Module):
         if get_parallel().tp_size != 1:
             raise NotImplementedError("the Kimi K3 CPU reference model supports --tp 1 only")
         self.config = config
+        for op in ("mla_attention", "moe_routing", "moe_experts", "attn_res_mix", "rms_norm"):
+            record_choice(op, "torch", "Kimi K3 CPU reference model (plain-torch oracle)", log=logger)
         self.model = KimiK3ReferenceModel(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
