@@ -50,6 +50,11 @@ ANCHORS: List[Anchor] = [
         "CPU: REPLACE so the extra_buffer strategy is allowed (our KDA backend writes the snapshots)",
     ),
     Anchor(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        "BEFORE hook rejecting out-of-vocabulary input_ids with HTTP 400",
+        snippet="def _validate_one_request(",
+    ),
+    Anchor(
         "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode",
         "CPU: this pins the track mask unconditionally; we make pin_memory a no-op without a GPU",
         snippet="track_mask_cpu.pin_memory()",

@@ -8,7 +8,8 @@ again in every scheduler / detokenizer process. It
 2. declares ``KimiK3LinearForCausalLM`` as a hybrid model that uses the mamba
    radix cache (``register_linear_attn_model``);
 3. replaces upstream's KDA backend class with ours (CPU path; GPU unchanged);
-4. on CPU: registers the plain-torch reference models under upstream's
+4. rejects out-of-vocabulary ``input_ids`` with HTTP 400 (upstream crashes);
+5. on CPU: registers the plain-torch reference models under upstream's
    architecture names and installs the CPU hooks of ``platforms/cpu.py``.
 """
 
@@ -60,6 +61,9 @@ def register() -> None:
     HookRegistry.register(
         "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend", HybridKDAAttnBackend, HookType.REPLACE
     )
+    from sglang_hybrid.entrypoints import validation
+
+    validation.install()
 
     if platform.is_cpu:
         from sglang.srt.models.registry import ModelRegistry

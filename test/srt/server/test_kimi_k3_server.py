@@ -96,6 +96,21 @@ class TestKimiK3Server(CustomTestCase, BasicAPIContractMixin, BasicDecodeCorrect
                 self.assertEqual(tok, int(row.argmax()), f"position {j}")
                 self.assertAlmostEqual(lp, float(row[tok]), delta=1e-4)
 
+    def test_prompts_that_crash_upstream_get_400_and_server_keeps_serving(self):
+        """Out-of-vocabulary ids and an empty text prompt kill upstream's scheduler; our hook returns 400."""
+        ids = random_ids(20, 30)
+        before = generate(self.base_url, ids)["output_ids"]
+        r = requests.post(self.base_url + "/generate", json={"text": "", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assertIn("prompt is empty", r.text)
+        for bad in ([5, 965], [-1, 7], [[5, 6], [5, 10**6]]):
+            r = requests.post(self.base_url + "/generate", json={"input_ids": bad, "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+            self.assertEqual(r.status_code, 400, r.text)
+            self.assertIn("outside the vocabulary [0, 965)", r.text)
+        r = requests.post(self.base_url + "/v1/completions", json={"model": self.model, "prompt": [3, 5000], "max_tokens": 2}, timeout=60)
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assertEqual(generate(self.base_url, ids)["output_ids"], before)
+
     def test_stop_string_from_own_output(self):
         """Stop strings, weight-independent: stop on a string the model is known to produce."""
         prompt = "Q: Write one sentence about the sea.\nA:"

@@ -1,0 +1,1 @@
+"""Request-level fixes at upstream's entry points (tokenizer manager)."""
