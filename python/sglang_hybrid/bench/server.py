@@ -91,6 +91,7 @@ class LaunchedServer:
 
     def start(self) -> "LaunchedServer":
         env = os.environ.copy()
+        env.pop("TRITON_INTERPRET", None)  # the kernel tests' interpreter switch must not reach a server
         if "--device" in self.server_args and self.server_args[self.server_args.index("--device") + 1] == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"
         env.update(self.env)

@@ -21,6 +21,8 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
+
 
 def kda_gate(
     f: torch.Tensor,
@@ -92,22 +94,8 @@ def kda_recurrent(
         ValueError: shape mismatch.
     """
     _check(q, k, v, g, beta, initial_state)
-    T, H, K = q.shape
-    V = v.shape[-1]
-    if scale is None:
-        scale = K ** -0.5
-    qf, kf, vf, gf, bf = (t.to(acc_dtype) for t in (q, k, v, g, beta))
-    S = q.new_zeros(H, K, V, dtype=acc_dtype)
-    if initial_state is not None:
-        S = S + initial_state.to(acc_dtype)
-    o = torch.empty(T, H, V, dtype=acc_dtype, device=q.device)
-    for t in range(T):
-        S = S * gf[t].exp().unsqueeze(-1)
-        kt = kf[t]
-        err = vf[t] - torch.einsum("hk,hkv->hv", kt, S)
-        S = S + torch.einsum("hk,hv->hkv", kt * bf[t].unsqueeze(-1), err)
-        o[t] = torch.einsum("hk,hkv->hv", qf[t] * scale, S)
-    return o.to(v.dtype), S
+    o, S, _ = gated_delta_recurrent(q, k, v, g, beta, scale, initial_state, acc_dtype)
+    return o, S
 
 
 def _kda_one_chunk(qf, kf, vf, gf, bf, S0, scale):

@@ -1,0 +1,101 @@
+"""Host wrapper of the Triton chunked prefill (``triton_chunk.py``)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+import triton
+
+from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+
+CHUNK = 16  # tokens per in-kernel chunk (see triton_chunk.py for why 16)
+
+
+def gated_delta_chunk_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    f: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: Optional[torch.Tensor] = None,
+    gate: str = "kda",
+    lower_bound: Optional[float] = None,
+    scale: Optional[float] = None,
+    l2norm: bool = True,
+    state_layout: str = "kv",
+    checkpoints: Sequence[Tuple[int, int, int]] = (),
+    checkpoint_pool: Optional[torch.Tensor] = None,
+    value_tile: int = 32,
+    num_warps: int = 8,
+    tf32: bool = False,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Chunked prefill/extend of packed sequences.
+
+    Args:
+        q, k: ``[N, H, K]``; v: ``[N, HV, V]`` (packed tokens of all sequences).
+        f: raw gate ``[N, HV, K]`` (``"kda"``) or ``[N, HV]`` (``"gdn"``); b: raw beta ``[N, HV]``.
+        A_log, dt_bias, lower_bound, scale, l2norm, state_layout: as the decode wrapper.
+        cu_seqlens: ``[S + 1]`` int token offsets.
+        state: FP32 pool; ``state_indices`` ``[S]`` slot per sequence (initial state
+            read from there when ``has_initial_state[i]``; final state written there).
+        checkpoints: ``(sequence, position, checkpoint_slot)`` triples; ``position``
+            (tokens into this call) must be a multiple of 16 or the sequence end.
+        checkpoint_pool: pool receiving them (same layout).
+        value_tile: ``BV``; num_warps: 8 keeps sm_90 free of spills at ``BV`` 32; tf32: allow TF32 for the state products (not the inverse).
+
+    Returns:
+        ``o`` ``[N, HV, V]``.
+
+    Raises:
+        ValueError: bad ``gate``/layout, or a checkpoint not on the chunk grid.
+    """
+    N, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    S = cu_seqlens.numel() - 1
+    kind = {"kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE, "gdn": GATE_GDN}.get(gate)
+    if kind is None:
+        raise ValueError(f"gate must be 'kda' or 'gdn', got {gate!r}")
+    if state_layout not in ("kv", "vk"):
+        raise ValueError(f"state_layout must be 'kv' or 'vk', got {state_layout!r}")
+
+    def strides(t):
+        s0, s1, s2, s3 = t.stride()
+        return (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
+
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    max_chunks = max(1, max(triton.cdiv(n, CHUNK) for n in lens) if lens else 1)
+    ckpt_idx = None
+    if checkpoints:
+        if checkpoint_pool is None:
+            raise ValueError("checkpoints given without checkpoint_pool")
+        table = torch.full((S, max_chunks), -1, dtype=torch.int32)
+        for seq, pos, dst in checkpoints:
+            if not 1 <= pos <= lens[seq] or (pos % CHUNK and pos != lens[seq]):
+                raise ValueError(f"checkpoint position {pos} of sequence {seq} is not on the {CHUNK}-token grid or its end")
+            table[seq, triton.cdiv(pos, CHUNK) - 1] = dst
+        ckpt_idx = table.to(q.device)
+    if has_initial_state is None:
+        has_initial_state = torch.ones(S, dtype=torch.int32, device=q.device)
+    q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
+    o = out if out is not None else torch.empty_like(v)
+    cp = checkpoint_pool if ckpt_idx is not None else state
+    gated_delta_chunk_kernel[(triton.cdiv(V, value_tile), S * HV)](
+        q, k, v, f, b, o, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
+        cp, ckpt_idx if ckpt_idx is not None else state_indices, max_chunks,
+        K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
+        *strides(state), *strides(cp),
+        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=value_tile, BT=CHUNK,
+        GATE=kind, L2NORM=l2norm, CKPT=ckpt_idx is not None, TF32=tf32,
+        FACTORIZED=kind == GATE_KDA_SAFE and CHUNK * abs(float(lower_bound)) <= 80.0,
+        KB=min(16, triton.next_power_of_2(K)),
+        num_warps=num_warps,
+    )
+    return o

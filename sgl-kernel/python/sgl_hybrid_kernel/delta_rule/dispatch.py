@@ -1,0 +1,75 @@
+"""One dispatch function per gated-delta-rule op (KDA and GDN): Triton or plain torch.
+
+Each picks by device and shape, logs its choice once (``sgl_hybrid_kernel.dispatch``)
+and keeps the plain-torch reference for shapes outside a kernel's tested
+contract. There is no aiter KDA/GDN kernel (aiter 0.x ships none), so on ROCm
+the choice is Triton or torch. The chunked prefill is not offered on ROCm yet:
+it spills registers on CDNA (docs/kernels.md), so the caller keeps its ordinary
+path there.
+
+Contract of the Triton kernels (else: torch): key and value head dims <= 256,
+``HV % H == 0``, FP32 state pool, CUDA or ROCm device.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sgl_hybrid_kernel.dispatch import record_choice
+
+logger = logging.getLogger(__name__)
+
+MAX_HEAD_DIM = 256
+
+
+def device_kind(t: torch.Tensor) -> str:
+    """``"cpu"``, ``"cuda"`` or ``"rocm"`` for the tensor's device."""
+    if t.device.type != "cuda":
+        return "cpu"
+    return "rocm" if torch.version.hip is not None else "cuda"
+
+
+def _in_contract(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> Optional[str]:
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = v.shape[-2], v.shape[-1]
+    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
+        return f"head dims K={K}, V={V} above {MAX_HEAD_DIM}"
+    if HV % H:
+        return f"HV={HV} not a multiple of H={H}"
+    if state.dtype != torch.float32:
+        return f"state dtype {state.dtype} (kernels keep FP32 state)"
+    return None
+
+
+def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
+    """``"triton"`` or ``"torch"`` for decode / verify, with the reason logged once."""
+    kind = device_kind(q)
+    if kind == "cpu":
+        record_choice("delta_rule_decode", "torch", "CPU tensors: plain-torch reference", log=logger)
+        return "torch"
+    why = _in_contract(q, v, state)
+    if why:
+        record_choice("delta_rule_decode", "torch", f"outside the Triton contract: {why}", log=logger)
+        return "torch"
+    record_choice("delta_rule_decode", "triton", f"{kind}: triton_recurrent (value tiles by batch, T and layout)", log=logger)
+    return "triton"
+
+
+def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
+    """``"triton"`` or ``"torch"`` for chunked prefill, with the reason logged once."""
+    kind = device_kind(q)
+    if kind == "cpu":
+        record_choice("delta_rule_prefill", "torch", "CPU tensors: plain-torch reference", log=logger)
+        return "torch"
+    if kind == "rocm":
+        record_choice("delta_rule_prefill", "torch", "ROCm: the chunk kernel spills on CDNA (docs/kernels.md)", log=logger)
+        return "torch"
+    why = _in_contract(q, v, state)
+    if why:
+        record_choice("delta_rule_prefill", "torch", f"outside the Triton contract: {why}", log=logger)
+        return "torch"
+    record_choice("delta_rule_prefill", "triton", "cuda: triton_chunk BT=16 BV=32 num_warps=8", log=logger)
+    return "triton"

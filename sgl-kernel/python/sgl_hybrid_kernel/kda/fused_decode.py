@@ -1,0 +1,102 @@
+"""Host wrapper of the one-launch KDA decode kernel (``triton_fused_decode.py``)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+
+from sgl_hybrid_kernel.delta_rule.recurrent import pick_value_tile
+from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
+
+# Persistent per-device workspaces (sum of squares, arrival counters). The
+# counters must be zero between calls; the kernel resets them itself, so they
+# are zeroed once at allocation and reused by every call and graph replay.
+_WORKSPACE: Dict[Tuple[str, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device, rows: int, tiles: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    key = (str(device), tiles)
+    ws = _WORKSPACE.get(key)
+    if ws is None or ws[1].numel() < rows:
+        n = max(rows, 2 * (ws[1].numel() if ws is not None else 0), 64)
+        ws = (torch.zeros(n * tiles, dtype=torch.float32, device=device), torch.zeros(n, dtype=torch.int32, device=device))
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def kda_fused_decode(
+    mixed_qkv: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    f: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    out_gate: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float = 1e-5,
+    lower_bound: Optional[float] = None,
+    scale: Optional[float] = None,
+    state_layout: str = "vk",
+    value_tile: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One KDA decode step (conv + L2 norm + gates + recurrence + gated RMSNorm), one launch.
+
+    Args:
+        mixed_qkv: ``[B, 3 * H * K]`` raw q|k|v projections (pre-conv).
+        conv_state: ``[slots, W - 1, 3 * H * K]`` conv pool (raw rows); updated in place.
+        conv_weight: ``[3 * H * K, W]`` depthwise filter.
+        f: ``[B, H * K]`` raw forget-gate projection; b: ``[B, H]`` raw beta.
+        A_log: ``[H]``; dt_bias: ``[H * K]``; lower_bound: safe-gate bound or ``None``.
+        state: FP32 pool ``[slots, H, V, K]`` (``"vk"``, SGLang) or ``[slots, H, K, V]`` (``"kv"``); updated in place.
+        state_indices: ``[B]`` slots; negative = padding row (zeros out, pools untouched).
+        out_gate: ``[B, H * V]`` raw output-gate projection; norm_weight: ``[V]``; eps: RMSNorm epsilon.
+        scale: default ``K ** -0.5``; value_tile: ``BV`` override.
+        out: optional ``[B, H, V]`` buffer (written in place).
+
+    Returns:
+        ``[B, H, V]``: ``rms_norm(o) * norm_weight * sigmoid(out_gate)``.
+
+    Raises:
+        ValueError: on inconsistent shapes or an unknown ``state_layout``.
+    """
+    B, C = mixed_qkv.shape
+    H = A_log.numel()
+    K = f.shape[1] // H
+    V = norm_weight.numel()
+    W = conv_weight.shape[1]
+    if C != 2 * H * K + H * V or conv_state.shape[1:] != (W - 1, C) or state_indices.shape[0] != B:
+        raise ValueError(
+            f"inconsistent shapes: mixed_qkv {tuple(mixed_qkv.shape)}, conv_state {tuple(conv_state.shape)}, "
+            f"conv_weight {tuple(conv_weight.shape)}, H={H}, K={K}, V={V}, state_indices {tuple(state_indices.shape)}"
+        )
+    if state_layout == "vk":
+        s_slot, s_h, s_v, s_k = state.stride()
+    elif state_layout == "kv":
+        s_slot, s_h, s_k, s_v = state.stride()
+    else:
+        raise ValueError(f"state_layout must be 'kv' or 'vk', got {state_layout!r}")
+    # Few, wider tiles: the last tile's row normalisation is serial (H200 sweep: 16 is best at B = 1..128).
+    BV = value_tile or min(16, triton.next_power_of_2(V))
+    NV = triton.cdiv(V, BV)
+    sumsq, count = _workspace(mixed_qkv.device, B * H, NV)
+    o = out if out is not None else torch.empty((B, H, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    mixed_qkv, f, b, out_gate = (t.contiguous() for t in (mixed_qkv, f, b, out_gate))
+    kda_fused_decode_kernel[(NV, B * H)](
+        mixed_qkv, conv_state, conv_weight, f, b, A_log, dt_bias,
+        state, state_indices, out_gate, norm_weight, o, sumsq, count,
+        K ** -0.5 if scale is None else scale,
+        0.0 if lower_bound is None else float(lower_bound),
+        eps,
+        conv_state.stride(0), conv_state.stride(1),
+        s_slot, s_h, s_k, s_v,
+        H=H, K=K, V=V, W=W, BK=triton.next_power_of_2(K), BV=BV, NV=NV,
+        NVP=triton.next_power_of_2(NV), SAFE_GATE=lower_bound is not None,
+        num_warps=8 if BV >= 32 else (4 if BV >= 16 else 2),
+    )
+    return o
