@@ -41,6 +41,15 @@ ANCHORS: List[Anchor] = [
         snippet="linear_attn_backend = KDAAttnBackend(runner)",
     ),
     Anchor(
+        "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__",
+        "AROUND hook installing SglHybridKDAKernel for --linear-attn-*-backend sgl_hybrid",
+        snippet="def __init__(",
+    ),
+    Anchor(
+        "sglang.srt.arg_groups.choices.add_linear_attn_kernel_backend_choices",
+        "registers sgl_hybrid as a --linear-attn-*-backend choice",
+    ),
+    Anchor(
         "sglang.srt.configs.linear_attn_model_registry.register_linear_attn_model",
         "declares KimiK3LinearForCausalLM as a hybrid model using the mamba radix cache",
     ),

@@ -8,8 +8,10 @@ again in every scheduler / detokenizer process. It
 2. declares ``KimiK3LinearForCausalLM`` as a hybrid model that uses the mamba
    radix cache (``register_linear_attn_model``);
 3. replaces upstream's KDA backend class with ours (CPU path; GPU unchanged);
-4. rejects out-of-vocabulary ``input_ids`` with HTTP 400 (upstream crashes);
-5. on CPU: registers the plain-torch reference models under upstream's
+4. offers ``--linear-attn-backend sgl_hybrid`` (our KDA kernels under upstream's
+   KDA backend, for upstream's own model classes on GPU);
+5. rejects out-of-vocabulary ``input_ids`` with HTTP 400 (upstream crashes);
+6. on CPU: registers the plain-torch reference models under upstream's
    architecture names and installs the CPU hooks of ``platforms/cpu.py``.
 """
 
@@ -62,8 +64,10 @@ def register() -> None:
         "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend", HybridKDAAttnBackend, HookType.REPLACE
     )
     from sglang_hybrid.entrypoints import validation
+    from sglang_hybrid.layers.attention import kda_kernel
 
     validation.install()
+    kda_kernel.install()
 
     if platform.is_cpu:
         from sglang.srt.models.registry import ModelRegistry

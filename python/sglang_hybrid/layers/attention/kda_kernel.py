@@ -1,0 +1,161 @@
+"""Our KDA kernels behind upstream's linear-attention kernel interface.
+
+``--linear-attn-backend sgl_hybrid`` (or ``--linear-attn-decode-backend`` /
+``--linear-attn-prefill-backend sgl_hybrid``) makes upstream's ``KDAAttnBackend``
+— and so upstream's own Kimi K3 / Kimi Linear classes on GPU — call
+:class:`SglHybridKDAKernel` for decode and prefill. Upstream parses every
+unknown name as ``LinearAttnKernelBackend.CUSTOM`` and has no KDA kernel for it,
+so an AROUND hook on ``KDAKernelDispatcher.__init__`` builds the dispatcher with
+Triton in those places and then installs our kernel. Speculative verify stays on
+upstream's Triton kernel (its conv-window checkpointing lives in the backend).
+
+The class subclasses upstream's ``TritonKDAKernel`` because upstream only lets a
+``TritonKDAKernel`` run the safe gate (``lower_bound``) that Kimi K3 uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
+from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
+from sgl_hybrid_kernel.norm.reference import l2_norm
+from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "sgl_hybrid"
+MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
+
+
+class SglHybridKDAKernel(TritonKDAKernel):
+    """Decode and chunked prefill through ``sgl_hybrid_kernel`` (Triton on CUDA/ROCm,
+    plain torch on CPU or outside the kernels' contract).
+
+    Tensor conventions are upstream's: ``q, k, v`` ``[1, N, H, D]`` after the conv
+    (L2 norm applied here), raw gate ``[.., H*K]`` and raw beta, FP32 state pool
+    ``[slots, H, V, K]`` indexed by ``cache_indices``.
+    """
+
+    supports_packed_decode = False
+    supports_fused_chain_verify = False
+    supports_track_state_snapshot = True
+
+    def __init__(self, force_triton: bool = False):
+        super().__init__()
+        self.force_triton = force_triton
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices, query_start_loc,
+               lower_bound: Optional[float] = None, **kwargs) -> torch.Tensor:
+        _, B, H, K = q.shape
+        if query_start_loc is not None and query_start_loc.numel() - 1 != B:
+            raise ValueError(f"decode expects one token per request: {B} tokens, {query_start_loc.numel() - 1} requests")
+        q2, k2, v2 = q[0], k[0], v[0]
+        f, beta = a.reshape(B, H, K), b.reshape(B, H)
+        if self.force_triton or choose_recurrent(q2, v2, ssm_states) == "triton":
+            o = gated_delta_recurrent_triton(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,
+                                             cache_indices, 1, "kda", lower_bound, state_layout="vk")
+            return o.unsqueeze(0)
+        o = torch.empty_like(v2)
+        g = kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)
+        for i, slot in enumerate(cache_indices.tolist()):
+            if slot < 0:
+                o[i] = 0
+                continue
+            oi, S = kda_recurrent(l2_norm(q2[i : i + 1]), l2_norm(k2[i : i + 1]), v2[i : i + 1], g[i : i + 1],
+                                  torch.sigmoid(beta[i : i + 1].float()), initial_state=ssm_states[slot].transpose(-1, -2))
+            ssm_states[slot] = S.transpose(-1, -2).to(ssm_states.dtype)
+            o[i] = oi[0]
+        return o.unsqueeze(0)
+
+    # ------------------------------------------------------------------ extend
+    def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, A_log=None, dt_bias=None,
+               lower_bound: Optional[float] = None, beta_is_raw: bool = False, return_intermediate_states: bool = False,
+               **kwargs):
+        if A_log is None or not beta_is_raw:
+            raise NotImplementedError("sgl_hybrid KDA extend takes the raw gate and raw beta (A_log given, beta_is_raw=True)")
+        if kwargs.get("state_checkpoint_indices") is not None:
+            raise NotImplementedError("sgl_hybrid KDA extend does not take FlashInfer checkpoint plans")
+        _, N, H, K = q.shape
+        q2, k2, v2 = q[0], k[0], v[0]
+        f, b2 = g.reshape(N, H, K), beta.reshape(N, H)
+        cu = query_start_loc.to(torch.int32)
+        lens = (cu[1:] - cu[:-1]).tolist()
+        track_state, track_chunk = kwargs.get("track_state"), kwargs.get("track_chunk_idx")
+        ckpts, zero_tracks = [], []
+        if track_state is not None and track_chunk is not None:
+            for i, c in enumerate(track_chunk.tolist()):
+                if c == 0:
+                    zero_tracks.append(i)
+                elif c > 0:
+                    ckpts.append((i, c * MAMBA_CHUNK, i))
+            for i in zero_tracks:  # a checkpoint at the extend start is the initial state
+                track_state[i] = ssm_states[int(cache_indices[i])].to(track_state.dtype)
+        if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
+            o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
+                                         cache_indices.to(torch.int32), None, "kda", lower_bound, state_layout="vk",
+                                         checkpoints=ckpts, checkpoint_pool=track_state if ckpts else None)
+        else:
+            o = torch.empty_like(v2)
+            gate = kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)
+            start = 0
+            for i, (n, slot) in enumerate(zip(lens, cache_indices.tolist())):
+                sl = slice(start, start + n)
+                start += n
+                want = [p for (s, p, _) in ckpts if s == i]
+                oi, S, states = kda_chunk(l2_norm(q2[sl]), l2_norm(k2[sl]), v2[sl], gate[sl], torch.sigmoid(b2[sl].float()),
+                                          initial_state=ssm_states[slot].transpose(-1, -2), checkpoints=want)
+                ssm_states[slot] = S.transpose(-1, -2).to(ssm_states.dtype)
+                for p in want:
+                    track_state[i] = states[p].transpose(-1, -2).to(track_state.dtype)
+                o[sl] = oi
+        o = o.unsqueeze(0)
+        return (o, None) if return_intermediate_states else o
+
+
+def _around_dispatcher_init(original, self, decode_backend, prefill_backend, verify_backend, *args, **kwargs):
+    custom = {name: be.is_custom() for name, be in (("decode", decode_backend), ("prefill", prefill_backend), ("verify", verify_backend))}
+    if not any(custom.values()):
+        return original(self, decode_backend, prefill_backend, verify_backend, *args, **kwargs)
+    from sglang.srt.runtime_context import get_exec
+
+    mamba = get_exec().mamba
+    names = {mamba.linear_attn_backend, mamba.linear_attn_decode_backend, mamba.linear_attn_prefill_backend,
+             mamba.linear_attn_verify_backend} - {None}
+    unknown = names - {BACKEND_NAME} - {b.value for b in LinearAttnKernelBackend}
+    if unknown:
+        raise ValueError(f"unknown linear-attention kernel backend(s) {sorted(unknown)}; ours is {BACKEND_NAME!r}")
+    triton = LinearAttnKernelBackend.TRITON
+    original(self, triton if custom["decode"] else decode_backend, triton if custom["prefill"] else prefill_backend,
+             triton if custom["verify"] else verify_backend, *args, **kwargs)
+    ours = SglHybridKDAKernel()
+    if custom["decode"]:
+        self.decode_kernel = ours
+        self.supports_packed_decode = False
+        self.supports_packed_decode_safe_gate = False
+    if custom["prefill"]:
+        self.extend_kernel = ours
+    logger.info(
+        "KDA kernels: decode=%s prefill=%s verify=%s",
+        type(self.decode_kernel).__name__, type(self.extend_kernel).__name__,
+        type(self.verify_kernel).__name__ + (" (upstream; sgl_hybrid verify not wired yet)" if custom["verify"] else ""),
+    )
+
+
+def install() -> None:
+    """Register ``sgl_hybrid`` as a ``--linear-attn-*-backend`` choice and hook the KDA dispatcher."""
+    from sglang.srt.arg_groups.choices import LINEAR_ATTN_KERNEL_BACKEND_CHOICES, add_linear_attn_kernel_backend_choices
+
+    if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
+        add_linear_attn_kernel_backend_choices([BACKEND_NAME])
+    HookRegistry.register(
+        "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__", _around_dispatcher_init, HookType.AROUND
+    )
