@@ -64,3 +64,22 @@ demo: tiny-model
 
 clean:
 	rm -rf $(VENV) models runs .pytest_cache
+
+# make bench: abbench + replay concurrency sweep + AIPerf cross-check against the
+# tiny model on a server it starts (CPU: short windows), then the Markdown report
+# with plots in $(BENCH_OUT). AIPerf lives in its own venv: installing it into
+# .venv would downgrade packages sglang uses (docs/bench-suite.md); if it cannot
+# be installed the cross-check records why and the rest runs.
+BENCH_OUT ?= runs/bench
+AIPERF_VENV ?= runs/aiperf-venv
+AIPERF ?= $(AIPERF_VENV)/bin/aiperf
+AIPERF_VERSION ?= 0.13.0
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: tiny-model
+	@test -x $(AIPERF) || { echo ">> installing aiperf into $(AIPERF_VENV)"; \
+	  $(PYTHON) -m venv $(AIPERF_VENV) && $(AIPERF_VENV)/bin/pip --disable-pip-version-check -q install aiperf==$(AIPERF_VERSION); } \
+	  || echo ">> aiperf could not be installed; the cross-check will say so"
+	$(PY) -m sglang_hybrid.bench.suite --model-path $(TINY_MODEL) --device $(DEVICE) --out-dir $(BENCH_OUT) \
+	  --aiperf-bin $(AIPERF) $(BENCH_ARGS)

@@ -1,12 +1,26 @@
-"""Streaming client for SGLang's native ``POST /generate`` endpoint.
+"""Streaming clients: SGLang's native ``POST /generate`` and the OpenAI
+``POST /v1/completions`` endpoint (SGLang, vLLM, any OpenAI-compatible server).
 
-The server answers a ``"stream": true`` request with server-sent events:
-``data: {json}`` lines, then ``data: [DONE]``. Each JSON carries ``text``,
-``output_ids`` and ``meta_info`` (``prompt_tokens``, cumulative
-``completion_tokens``, ``cached_tokens``, ``finish_reason``). Depending on a
-server flag, ``output_ids`` is cumulative or incremental, so tokens are
-counted from ``meta_info.completion_tokens`` and only fall back to
-``output_ids`` when that is missing.
+Both answer a ``"stream": true`` request with server-sent events:
+``data: {json}`` lines, then ``data: [DONE]``.
+
+``/generate`` (``api="sglang"``): each JSON carries ``text``, ``output_ids``
+and ``meta_info`` (``prompt_tokens``, cumulative ``completion_tokens``,
+``cached_tokens``, ``finish_reason``, and ``spec_verify_ct`` with
+speculative decoding). Depending on a server flag, ``output_ids`` is
+cumulative or incremental, so tokens are counted from
+``meta_info.completion_tokens`` and only fall back to ``output_ids`` when that
+is missing.
+
+``/v1/completions`` (``api="openai"``): a chunk's text can be empty (an
+incomplete UTF-8 sequence) or hold several tokens (bursts), so counting
+stream events miscounts tokens. We ask for per-token data and count, per
+chunk, from the first source present (see :class:`OpenAITokenCounter`):
+``choices[0].token_ids`` (``return_token_ids``: SGLang, vLLM >= 0.10.2),
+cumulative ``usage.completion_tokens`` (``stream_options.continuous_usage_stats``:
+SGLang, vLLM), ``choices[0].logprobs.tokens`` (``logprobs``, only with
+``logprobs=True``), and only as a last resort one token per non-empty chunk
+(recorded as source ``"events"``).
 
 All times are in seconds from ``time.perf_counter``.
 """
@@ -32,6 +46,12 @@ class RequestResult:
     (the first entry belongs to the first chunk, so ``len(itl) ==
     len(chunk_tokens) - 1``). ``e2e_latency``: send to end of stream.
     ``start_time``: send time relative to the start of the run.
+    ``spec_verify_ct``: speculative-decoding verify steps the server reports
+    for this request (None when it reports none). ``token_count_source``:
+    where the token counts came from (``completion_tokens``, ``output_ids``,
+    ``token_ids``, ``usage``, ``logprobs`` or ``events``).
+    ``usage_completion_tokens``: the server's final ``usage.completion_tokens``
+    (OpenAI API only; None when not sent).
     """
 
     index: int
@@ -49,6 +69,9 @@ class RequestResult:
     finish_reason: Any = None
     success: bool = False
     error: Optional[str] = None
+    spec_verify_ct: Optional[int] = None
+    token_count_source: Optional[str] = None
+    usage_completion_tokens: Optional[int] = None
 
     def to_row(self) -> Dict[str, Any]:
         """A JSON-ready dict; times rounded to 0.1 µs to keep files small."""
@@ -61,20 +84,23 @@ class RequestResult:
 
 
 class _TokenCounter:
-    """Cumulative completion-token count across SSE chunks."""
+    """Cumulative completion-token count across ``/generate`` SSE chunks."""
 
     def __init__(self) -> None:
         self.total = 0
         self._prev_ids: List[int] = []
+        self.source: Optional[str] = None
 
     def update(self, chunk: Dict[str, Any]) -> int:
         """Return the number of new tokens in ``chunk``."""
         meta = chunk.get("meta_info") or {}
         cum = meta.get("completion_tokens")
         if cum is not None:
+            self.source = "completion_tokens"
             new = int(cum) - self.total
             self.total = max(self.total, int(cum))
             return max(new, 0)
+        self.source = "output_ids"
         ids = chunk.get("output_ids") or []
         prev = self._prev_ids
         # Cumulative streams repeat the earlier ids as a prefix.
@@ -109,38 +135,88 @@ async def _iter_sse_data(resp: aiohttp.ClientResponse):
         yield line[5:].strip()
 
 
-async def send_generate(
+class OpenAITokenCounter:
+    """Tokens per ``/v1/completions`` stream chunk, from per-token data.
+
+    Per chunk, the first source present wins: ``choices[0].token_ids``
+    (incremental ids: one token each), cumulative ``usage.completion_tokens``
+    (difference to the previous cumulative value), ``choices[0].logprobs.tokens``
+    (one entry per token), else 1 if the chunk has non-empty text (source
+    ``"events"``: counts stream events, wrong for bursts and empty chunks).
+    ``source`` is the source of the last token-carrying chunk, or
+    ``"mixed"`` once two chunks used different sources. A final chunk
+    without choices (usage only) carries no tokens; its
+    ``usage.completion_tokens`` is kept in ``usage_total``.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.source: Optional[str] = None
+        self.usage_total: Optional[int] = None
+        self._usage_seen = 0
+
+    def _note(self, src: str) -> None:
+        if self.source is None:
+            self.source = src
+        elif self.source != src:
+            self.source = "mixed"
+
+    def update(self, chunk: Dict[str, Any]) -> int:
+        """Return the number of new tokens in ``chunk``."""
+        usage = chunk.get("usage") or {}
+        cum = usage.get("completion_tokens")
+        choices = chunk.get("choices") or []
+        if not choices:
+            if cum is not None:
+                self.usage_total = int(cum)
+            return 0
+        choice = choices[0]
+        new: Optional[int] = None
+        src = None
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            new, src = len(ids), "token_ids"
+        elif cum is not None:
+            new, src = max(int(cum) - self._usage_seen, 0), "usage"
+        else:
+            lp = choice.get("logprobs") or {}
+            toks = lp.get("tokens") if isinstance(lp, dict) else None
+            if isinstance(toks, list):
+                new, src = len(toks), "logprobs"
+            elif choice.get("text"):
+                new, src = 1, "events"
+            else:
+                new = 0
+        if cum is not None:
+            self._usage_seen = max(self._usage_seen, int(cum))
+            self.usage_total = int(cum)
+        if new and src:
+            self._note(src)
+        self.total += new
+        return new
+
+
+async def _stream_request(
     session: aiohttp.ClientSession,
-    base_url: str,
-    input_ids: List[int],
-    max_new_tokens: int,
+    url: str,
+    payload: Dict[str, Any],
     result: RequestResult,
     t0: float,
-    timeout_s: Optional[float] = None,
+    timeout_s: Optional[float],
+    on_chunk,
 ) -> RequestResult:
-    """Stream one ``/generate`` request and fill ``result`` in place.
+    """POST ``payload`` to ``url`` and time the SSE stream into ``result``.
 
-    Never raises for server or network errors: they end up in
-    ``result.error`` with ``result.success = False`` (HTTP status and body
-    for non-200 answers, the exception text otherwise). ``t0`` is the run's
-    start time, used for ``result.start_time``.
+    ``on_chunk(chunk) -> int`` parses one JSON chunk (raising on an error
+    chunk) and returns its number of new tokens; chunks with none are not
+    timed. Never raises for server or network errors (see ``send_generate``).
     """
-    payload = {
-        "input_ids": input_ids,
-        "sampling_params": {
-            "max_new_tokens": int(max_new_tokens),
-            "temperature": 0.0,
-            "ignore_eos": True,
-        },
-        "stream": True,
-    }
     timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
-    counter = _TokenCounter()
     start = time.perf_counter()
     result.start_time = start - t0
     last_chunk_t: Optional[float] = None
     try:
-        async with session.post(f"{base_url}/generate", json=payload, timeout=timeout) as resp:
+        async with session.post(url, json=payload, timeout=timeout) as resp:
             if resp.status != 200:
                 body = await resp.text()
                 result.error = f"HTTP {resp.status}: {body[:2000]}"
@@ -150,17 +226,7 @@ async def send_generate(
                 if data == b"[DONE]":
                     break
                 now = time.perf_counter()
-                chunk = json.loads(data)
-                if "error" in chunk and "meta_info" not in chunk:
-                    raise RuntimeError(f"server error in stream: {chunk['error']}")
-                meta = chunk.get("meta_info") or {}
-                if meta.get("cached_tokens") is not None:
-                    result.cached_tokens = int(meta["cached_tokens"])
-                if meta.get("prompt_tokens") is not None:
-                    result.prompt_tokens = int(meta["prompt_tokens"])
-                if meta.get("finish_reason") is not None:
-                    result.finish_reason = meta["finish_reason"]
-                new = counter.update(chunk)
+                new = on_chunk(json.loads(data))
                 if new <= 0:
                     continue
                 if last_chunk_t is None:
@@ -168,35 +234,205 @@ async def send_generate(
                 else:
                     result.itl.append(now - last_chunk_t)
                 result.chunk_tokens.append(new)
+                result.output_tokens += new
                 last_chunk_t = now
         result.e2e_latency = time.perf_counter() - start
-        result.output_tokens = counter.total
         fr = result.finish_reason
         if isinstance(fr, dict) and fr.get("type") == "abort":
             result.error = f"aborted by server: {fr.get('message', fr)}"
+        elif fr == "abort":
+            result.error = "aborted by server"
         elif result.ttft is None:
             result.error = "stream ended without any output token"
         result.success = result.error is None
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # network errors, timeouts, bad JSON
+    except Exception as e:  # network errors, timeouts, bad JSON, error chunks
         result.e2e_latency = time.perf_counter() - start
-        result.output_tokens = counter.total
         result.success = False
         result.error = f"{type(e).__name__}: {e}"
     return result
 
 
-async def get_server_info(
-    session: aiohttp.ClientSession, base_url: str, timeout_s: float = 10.0
-) -> Optional[Dict[str, Any]]:
-    """``GET {base_url}/get_server_info`` as JSON, or None on any error."""
+async def send_generate(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    input_ids: List[int],
+    max_new_tokens: int,
+    result: RequestResult,
+    t0: float,
+    timeout_s: Optional[float] = None,
+    temperature: float = 0.0,
+) -> RequestResult:
+    """Stream one ``/generate`` request and fill ``result`` in place.
+
+    Sampling: ``temperature``, ``ignore_eos`` (so exactly ``max_new_tokens``
+    tokens come back). Never raises for server or network errors: they end up
+    in ``result.error`` with ``result.success = False`` (HTTP status and body
+    for non-200 answers, the exception text otherwise). ``t0`` is the run's
+    start time (``time.perf_counter``, s), used for ``result.start_time``.
+    """
+    payload = {
+        "input_ids": input_ids,
+        "sampling_params": {
+            "max_new_tokens": int(max_new_tokens),
+            "temperature": float(temperature),
+            "ignore_eos": True,
+        },
+        "stream": True,
+    }
+    counter = _TokenCounter()
+
+    def on_chunk(chunk: Dict[str, Any]) -> int:
+        if "error" in chunk and "meta_info" not in chunk:
+            raise RuntimeError(f"server error in stream: {chunk['error']}")
+        meta = chunk.get("meta_info") or {}
+        if meta.get("cached_tokens") is not None:
+            result.cached_tokens = int(meta["cached_tokens"])
+        if meta.get("prompt_tokens") is not None:
+            result.prompt_tokens = int(meta["prompt_tokens"])
+        if meta.get("finish_reason") is not None:
+            result.finish_reason = meta["finish_reason"]
+        if meta.get("spec_verify_ct") is not None:
+            result.spec_verify_ct = int(meta["spec_verify_ct"])
+        return counter.update(chunk)
+
+    await _stream_request(session, f"{base_url}/generate", payload, result, t0, timeout_s, on_chunk)
+    # completion_tokens is cumulative: the counter's total is authoritative.
+    result.output_tokens = counter.total
+    result.token_count_source = counter.source
+    return result
+
+
+async def send_completion(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    input_ids: List[int],
+    max_tokens: int,
+    result: RequestResult,
+    t0: float,
+    timeout_s: Optional[float] = None,
+    temperature: float = 0.0,
+    model: Optional[str] = None,
+    logprobs: bool = False,
+) -> RequestResult:
+    """Stream one OpenAI ``/v1/completions`` request and fill ``result`` in place.
+
+    The prompt is sent as token ids (``prompt: [ids]``), with ``ignore_eos``
+    (SGLang, vLLM), ``return_token_ids`` and
+    ``stream_options.continuous_usage_stats`` so that tokens are counted from
+    per-token data (see :class:`OpenAITokenCounter`); ``logprobs=True`` adds
+    ``logprobs: 0`` (one more per-token source, at some server cost).
+    ``return_spec_tokens_details`` asks SGLang for the verify-step count.
+    Servers ignore fields they do not know. Same error contract as
+    :func:`send_generate`.
+    """
+    payload: Dict[str, Any] = {
+        "model": model or "default",
+        "prompt": input_ids,
+        "max_tokens": int(max_tokens),
+        "temperature": float(temperature),
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "return_token_ids": True,
+        "return_spec_tokens_details": True,
+    }
+    if logprobs:
+        payload["logprobs"] = 0
+    counter = OpenAITokenCounter()
+
+    def on_chunk(chunk: Dict[str, Any]) -> int:
+        if "error" in chunk and not chunk.get("choices"):
+            raise RuntimeError(f"server error in stream: {chunk['error']}")
+        usage = chunk.get("usage") or {}
+        if usage.get("prompt_tokens") is not None:
+            result.prompt_tokens = int(usage["prompt_tokens"])
+        details = usage.get("prompt_tokens_details") or {}
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            result.cached_tokens = int(details["cached_tokens"])
+        spec = (chunk.get("sglext") or {}).get("spec_tokens_details")
+        if isinstance(spec, list):
+            spec = spec[0] if spec else None
+        if isinstance(spec, dict) and spec.get("spec_verify_ct"):
+            result.spec_verify_ct = int(spec["spec_verify_ct"])
+        for choice in chunk.get("choices") or []:
+            if choice.get("finish_reason") is not None:
+                result.finish_reason = choice["finish_reason"]
+        return counter.update(chunk)
+
+    await _stream_request(
+        session, f"{base_url}/v1/completions", payload, result, t0, timeout_s, on_chunk
+    )
+    result.token_count_source = counter.source
+    result.usage_completion_tokens = counter.usage_total
+    return result
+
+
+API_CHOICES = ("sglang", "openai")
+
+
+async def send_request(
+    api: str,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    input_ids: List[int],
+    max_tokens: int,
+    result: RequestResult,
+    t0: float,
+    timeout_s: Optional[float] = None,
+    temperature: float = 0.0,
+    model: Optional[str] = None,
+    logprobs: bool = False,
+) -> RequestResult:
+    """``send_generate`` (``api="sglang"``) or ``send_completion`` (``api="openai"``)."""
+    if api == "sglang":
+        return await send_generate(
+            session, base_url, input_ids, max_tokens, result, t0, timeout_s, temperature
+        )
+    if api == "openai":
+        return await send_completion(
+            session, base_url, input_ids, max_tokens, result, t0, timeout_s, temperature,
+            model, logprobs,
+        )
+    raise ValueError(f"unknown api {api!r}; expected one of {API_CHOICES}")
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Any:
     try:
-        async with session.get(
-            f"{base_url}/get_server_info", timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as resp:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
             return await resp.json(content_type=None)
     except Exception:
         return None
+
+
+# Where servers publish their configuration: SGLang, then vLLM (dev mode).
+SERVER_INFO_ENDPOINTS = ("/get_server_info", "/server_info")
+
+
+async def get_server_info(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float = 10.0
+) -> Optional[Dict[str, Any]]:
+    """The server's configuration as JSON, or None.
+
+    ``GET {base_url}/get_server_info`` (SGLang: every server flag plus
+    runtime state), else ``GET /server_info`` (vLLM with
+    ``VLLM_SERVER_DEV_MODE=1``); the first JSON object answered wins.
+    """
+    for path in SERVER_INFO_ENDPOINTS:
+        info = await _get_json(session, base_url + path, timeout_s)
+        if isinstance(info, dict):
+            return info
+    return None
+
+
+async def list_models(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float = 10.0
+) -> Optional[List[Dict[str, Any]]]:
+    """``GET {base_url}/v1/models`` ``data`` list (model ids, ``max_model_len``), or None."""
+    obj = await _get_json(session, base_url + "/v1/models", timeout_s)
+    if isinstance(obj, dict) and isinstance(obj.get("data"), list):
+        return obj["data"]
+    return None

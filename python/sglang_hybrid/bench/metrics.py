@@ -137,3 +137,180 @@ def format_summary(summary: Dict[str, Any]) -> str:
         lines.append(f"{label:<{width}}  {text:>12} {unit}")
     lines.append("=" * (width + 24))
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Closed-loop windows (abbench)
+# --------------------------------------------------------------------------
+
+
+def chunk_gaps(results: Sequence[RequestResult]) -> List[float]:
+    """True per-chunk ITL: every gap (s) between successive token-carrying
+    chunks of every successful request, pooled."""
+    return [g for r in results if r.success for g in r.itl]
+
+
+def burst_normalised_itl(results: Sequence[RequestResult]) -> List[float]:
+    """Burst-normalised ITL, a proxy for per-token latency: each chunk gap (s)
+    divided by the number of tokens in the chunk that ends it, one value per
+    decode chunk, pooled over successful requests.
+
+    A chunk of 4 tokens arriving 40 ms after the previous one gives one value
+    of 10 ms. It is a proxy: the server produced those tokens at unknown
+    times inside the gap.
+    """
+    out: List[float] = []
+    for r in results:
+        if not r.success:
+            continue
+        for gap, n in zip(r.itl, r.chunk_tokens[1:]):
+            if n > 0:
+                out.append(gap / n)
+    return out
+
+
+def decode_rate(r: RequestResult) -> Optional[float]:
+    """Per-request decode rate (tokens/s): tokens after the first chunk ÷
+    (time of the last chunk − time of the first chunk) = ``sum(chunk_tokens[1:]) / sum(itl)``.
+
+    Its denominator is the request's own decode time (TTFT excluded), not
+    the run's wall time. None with fewer than two chunks.
+    """
+    toks = sum(r.chunk_tokens[1:])
+    dt = float(sum(r.itl))
+    if toks <= 0 or dt <= 0:
+        return None
+    return toks / dt
+
+
+def summarize_window(
+    results: Sequence[RequestResult], concurrency: int, window_s: float, wall_time_s: float
+) -> Dict[str, Any]:
+    """Metrics of one closed-loop window (abbench).
+
+    ``results``: every request started inside the window (those in flight at
+    its end ran to completion). ``wall_time_s``: window start to the end of
+    the last request, tail included. Keys:
+
+    - ``output_token_throughput``: Σ output tokens of successful requests ÷
+      ``wall_time_s`` (tokens/s, aggregate over all streams);
+    - ``decode_rate_p50_tok_s``: median of :func:`decode_rate` over successful
+      requests (tokens/s per request; own denominator);
+    - ``ttft_p50_s``, ``ttft_p99_s``, ``ttft_max_s``: TTFT (s);
+    - ``itl_burst_norm_p50_s``, ``_p99_s``: :func:`burst_normalised_itl` (s/token, proxy);
+    - ``chunk_gap_p50_s``, ``_p99_s``, ``_max_s``: :func:`chunk_gaps` (s);
+    - ``tpot_p50_s``: (E2E − TTFT) / (output tokens − 1), median (s/token);
+    - ``num_requests``, ``num_success``, ``num_errors``, ``output_tokens``,
+      ``mean_tokens_per_chunk``, ``tail_s`` (= wall time − window).
+    """
+    ok = [r for r in results if r.success]
+    out_tokens = sum(r.output_tokens for r in ok)
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    ttft = percentiles(ttfts, (50, 99))
+    rates = [x for x in (decode_rate(r) for r in ok) if x is not None]
+    bn = percentiles(burst_normalised_itl(ok), (50, 99))
+    gaps_all = chunk_gaps(ok)
+    gaps = percentiles(gaps_all, (50, 99))
+    tpot = percentiles(
+        [(r.e2e_latency - r.ttft) / (r.output_tokens - 1) for r in ok
+         if r.output_tokens > 1 and r.ttft is not None and r.e2e_latency is not None],
+        (50,),
+    )
+    chunks = [c for r in ok for c in r.chunk_tokens]
+    return {
+        "concurrency": concurrency,
+        "window_s": window_s,
+        "wall_time_s": wall_time_s,
+        "tail_s": wall_time_s - window_s,
+        "num_requests": len(results),
+        "num_success": len(ok),
+        "num_errors": len(results) - len(ok),
+        "output_tokens": out_tokens,
+        "output_token_throughput": _ratio(out_tokens, wall_time_s) if wall_time_s > 0 else None,
+        "decode_rate_p50_tok_s": float(np.median(rates)) if rates else None,
+        "ttft_p50_s": ttft[50],
+        "ttft_p99_s": ttft[99],
+        "ttft_max_s": max(ttfts) if ttfts else None,
+        "itl_burst_norm_p50_s": bn[50],
+        "itl_burst_norm_p99_s": bn[99],
+        "chunk_gap_p50_s": gaps[50],
+        "chunk_gap_p99_s": gaps[99],
+        "chunk_gap_max_s": max(gaps_all) if gaps_all else None,
+        "tpot_p50_s": tpot[50],
+        "mean_tokens_per_chunk": float(np.mean(chunks)) if chunks else None,
+    }
+
+
+# (key, label, unit, scale) for the abbench table
+WINDOW_ROWS = [
+    ("concurrency", "concurrency", "streams", 1),
+    ("num_requests", "requests (started in window)", "", 1),
+    ("num_errors", "request errors", "", 1),
+    ("wall_time_s", "wall time incl. tail", "s", 1),
+    ("output_token_throughput", "aggregate output throughput", "tok/s", 1),
+    ("decode_rate_p50_tok_s", "median per-request decode rate", "tok/s", 1),
+    ("ttft_p50_s", "TTFT P50", "ms", 1000),
+    ("ttft_p99_s", "TTFT P99", "ms", 1000),
+    ("ttft_max_s", "TTFT max", "ms", 1000),
+    ("itl_burst_norm_p99_s", "ITL P99, burst-normalised (proxy)", "ms", 1000),
+    ("chunk_gap_p50_s", "chunk gap P50", "ms", 1000),
+    ("chunk_gap_p99_s", "chunk gap P99", "ms", 1000),
+    ("mean_tokens_per_chunk", "mean tokens per chunk", "tok", 1),
+]
+
+
+def format_table(summaries: Sequence[Dict[str, Any]], rows=WINDOW_ROWS) -> str:
+    """Summaries side by side (one column each) as an aligned text table."""
+    width = max(len(label) + len(unit) + 3 for _, label, unit, _ in rows)
+    lines = []
+    for key, label, unit, scale in rows:
+        cells = []
+        for s in summaries:
+            v = s.get(key)
+            if v is None:
+                cells.append(f"{'n/a':>10}")
+            elif isinstance(v, int) and scale == 1:
+                cells.append(f"{v:>10d}")
+            else:
+                cells.append(f"{v * scale:>10.2f}")
+        name = f"{label} [{unit}]" if unit else label
+        lines.append(f"{name:<{width}}" + "".join(cells))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Throughput vs interactivity (AgentX-style sweep)
+# --------------------------------------------------------------------------
+
+
+def interpolate_at_interactivity(
+    points: Sequence[Tuple[float, float]], target: float
+) -> Optional[float]:
+    """Throughput at a target interactivity, by linear interpolation.
+
+    ``points``: ``(interactivity, throughput)`` pairs, e.g. (1 / P90 ITL in
+    tokens/s/user, total tokens/s/GPU), one per concurrency. Sorted by
+    interactivity, each pair of neighbours whose interactivity range holds
+    ``target`` gives ``y0 + (y1 - y0) * (target - x0) / (x1 - x0)``; when
+    several segments hold it (a non-monotonic curve) the largest throughput
+    wins (the best configuration measured at that interactivity). A point
+    exactly at ``target`` counts. None outside the measured range: no
+    extrapolation.
+    """
+    pts = sorted((float(x), float(y)) for x, y in points if x is not None and y is not None)
+    best: Optional[float] = None
+    for x, y in pts:
+        if x == target:
+            best = y if best is None else max(best, y)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 < target < x1:
+            y = y0 + (y1 - y0) * (target - x0) / (x1 - x0)
+            best = y if best is None else max(best, y)
+    return best
+
+
+def tokens_per_dollar(tok_s_per_gpu: Optional[float], usd_per_gpu_hour: float) -> Optional[float]:
+    """Tokens per US dollar: tokens/s/GPU × 3600 s/h ÷ ($/GPU-hour)."""
+    if tok_s_per_gpu is None or not usd_per_gpu_hour or usd_per_gpu_hour <= 0:
+        return None
+    return tok_s_per_gpu * 3600.0 / usd_per_gpu_hour

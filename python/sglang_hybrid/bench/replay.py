@@ -5,11 +5,12 @@ Usage::
     python -m sglang_hybrid.bench.replay --base-url http://127.0.0.1:30000 \\
         --num-requests 200 --length-scale 0.25 --concurrency 8
 
-Sends every trace request to ``POST {base_url}/generate`` (streaming) with
-synthetic prompt tokens that keep the trace's prefix-sharing pattern (see
-``trace.py``), then reports prefix reuse (achieved vs. theoretical), token
-throughput, TTFT and ITL percentiles, and writes a JSON file with a
-manifest, the summary and one row per request. See docs/replay.md.
+Sends every trace request to ``POST {base_url}/generate`` (streaming; or
+``/v1/completions`` with ``--api openai``) with synthetic prompt tokens that
+keep the trace's prefix-sharing pattern (see ``trace.py``), then reports
+prefix reuse (achieved vs. theoretical), token throughput, TTFT and ITL
+percentiles, and writes a JSON file with a manifest, the summary and one row
+per request. See docs/replay.md and docs/bench-suite.md.
 
 Two load modes:
 
@@ -25,12 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as _dt
-import hashlib
 import json
 import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,7 +35,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import aiohttp
 from tqdm import tqdm
 
-from sglang_hybrid.bench.client import RequestResult, get_server_info, send_generate
+from sglang_hybrid.bench import manifest as _manifest
+from sglang_hybrid.bench.client import (
+    API_CHOICES,
+    RequestResult,
+    get_server_info,
+    list_models,
+    send_request,
+)
 from sglang_hybrid.bench.metrics import format_summary, summarize
 from sglang_hybrid.bench.trace import (
     DEFAULT_TRACE_PATH,
@@ -57,11 +61,20 @@ WARMUP_OUTPUT_LEN = 8  # tokens
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The replay command line (see docs/replay.md; lengths in tokens, times in s)."""
     p = argparse.ArgumentParser(
         prog="python -m sglang_hybrid.bench.replay",
         description="Replay a Mooncake-format trace against an SGLang /generate endpoint.",
     )
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--api", choices=API_CHOICES, default="sglang",
+                   help="sglang: native POST /generate; openai: POST /v1/completions (vLLM, any "
+                        "OpenAI-compatible server)")
+    p.add_argument("--model", default=None,
+                   help="model name for --api openai (default: the first id of GET /v1/models)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    p.add_argument("--server-log", default=None,
+                   help="server log file: its 'kernel path:' lines go into the manifest")
     p.add_argument("--trace", default=DEFAULT_TRACE_PATH, help="JSONL trace path")
     p.add_argument("--num-requests", type=int, default=None, help="first N requests (default all)")
     p.add_argument("--length-scale", type=float, default=1.0,
@@ -105,69 +118,29 @@ def _validate(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------
 
 
-def _git_commit() -> Optional[str]:
-    """HEAD of the repository this package lives in, or None."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-            capture_output=True, text=True, timeout=10,
-        )
-        if out.returncode != 0:
-            return None
-        return out.stdout.strip() or None
-    except Exception:
-        return None
-
-
-def _version(dist: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version(dist)
-    except Exception:
-        return None
-
-
-def _sha256_file(path: str) -> Optional[str]:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
 def build_manifest(
     args: argparse.Namespace,
     argv: List[str],
     start_utc: _dt.datetime,
     token_range: TokenRange,
     server_info: Optional[Dict[str, Any]],
+    results: Optional[List[RequestResult]] = None,
 ) -> Dict[str, Any]:
-    return {
-        "command": argv,
-        "options": vars(args),
-        "start_time_utc": start_utc.isoformat(),
-        "hostname": socket.gethostname(),
-        "git_commit": _git_commit(),
-        "versions": {
-            "python": platform.python_version(),
-            "sglang_hybrid": _version("sglang-hybrid"),
-            "sglang": _version("sglang"),
-            "aiohttp": _version("aiohttp"),
-            "numpy": _version("numpy"),
-        },
-        "model_config_sha256": (
-            _sha256_file(os.path.join(args.model_path, "config.json")) if args.model_path else None
-        ),
-        "block_size": scaled_block_size(args.length_scale),
-        "token_range": {
-            "lo": token_range.lo,
-            "hi": token_range.hi,
-            "num_excluded": len(token_range.excluded),
-        },
-        "server_info": server_info,
+    """The run manifest (see ``manifest.base_manifest``) plus the replay's
+    block size, token range, and request statistics when ``results`` is given."""
+    m = _manifest.base_manifest(
+        argv, vars(args), start_utc, server_info, model_path=args.model_path,
+        server_log=getattr(args, "server_log", None), seed=args.seed, warmup=args.warmup,
+    )
+    m["block_size"] = scaled_block_size(args.length_scale)
+    m["token_range"] = {
+        "lo": token_range.lo,
+        "hi": token_range.hi,
+        "num_excluded": len(token_range.excluded),
     }
+    if results is not None:
+        m["request_stats"] = _manifest.request_stats(results)
+    return m
 
 
 # --------------------------------------------------------------------------
@@ -220,9 +193,17 @@ async def _run_paced(
 
 async def _send_one(session, args, req: ScaledRequest, synth, res: RequestResult, t0: float):
     input_ids = synth.input_ids(req)
-    return await send_generate(
-        session, args.base_url, input_ids, req.output_len, res, t0, args.request_timeout
+    return await send_request(
+        args.api, session, args.base_url, input_ids, req.output_len, res, t0,
+        args.request_timeout, args.temperature, args.model,
     )
+
+
+async def resolve_model_name(session, args) -> None:
+    """For ``--api openai`` without ``--model``: the first id of ``GET /v1/models`` (else "default")."""
+    if args.api == "openai" and not args.model:
+        models = await list_models(session, args.base_url)
+        args.model = (models[0].get("id") if models else None) or "default"
 
 
 async def _replay(
@@ -236,10 +217,12 @@ async def _replay(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         server_info = await get_server_info(session, args.base_url)
+        await resolve_model_name(session, args)
         for k in range(args.warmup):
             w = RequestResult(index=-1, timestamp=0.0, input_len=WARMUP_INPUT_LEN, output_len=WARMUP_OUTPUT_LEN)
-            await send_generate(session, args.base_url, synth.warmup_ids(k, WARMUP_INPUT_LEN),
-                                WARMUP_OUTPUT_LEN, w, time.perf_counter(), args.request_timeout)
+            await send_request(args.api, session, args.base_url, synth.warmup_ids(k, WARMUP_INPUT_LEN),
+                               WARMUP_OUTPUT_LEN, w, time.perf_counter(), args.request_timeout,
+                               args.temperature, args.model)
             if not w.success:
                 print(f"warm-up request {k} failed: {w.error}", file=sys.stderr)
         bar = tqdm(total=len(requests), disable=args.no_progress, desc="replay", unit="req")
@@ -263,10 +246,13 @@ def write_result_json(path: str, manifest, summary, results: List[RequestResult]
         f.write(head[:-2] + ',\n "requests": [\n' + rows + "\n]}\n")
 
 
-def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Parse ``argv``, run the replay, print and save results; return the summary dict."""
-    cmd_argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(cmd_argv)
+def run(args: argparse.Namespace, command: List[str]) -> Dict[str, Any]:
+    """Run one replay with parsed ``args``; nothing printed or written.
+
+    Returns ``{"manifest", "summary", "results"}`` (``results``: one
+    :class:`RequestResult` per trace request, in trace order). ``command``
+    is recorded in the manifest.
+    """
     _validate(args)
     start_utc = _dt.datetime.now(_dt.timezone.utc)
 
@@ -281,9 +267,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     results, wall, server_info = asyncio.run(_replay(args, requests, synth))
 
     summary = summarize(results, wall, theo)
-    manifest = build_manifest(
-        args, ["python", "-m", "sglang_hybrid.bench.replay", *cmd_argv], start_utc, token_range, server_info
-    )
+    manifest = build_manifest(args, command, start_utc, token_range, server_info, results)
+    return {"manifest": manifest, "summary": summary, "results": results}
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Parse ``argv``, run the replay, print and save results; return the summary dict."""
+    cmd_argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(cmd_argv)
+    out = run(args, ["python", "-m", "sglang_hybrid.bench.replay", *cmd_argv])
+    manifest, summary, results = out["manifest"], out["summary"], out["results"]
+    start_utc = _dt.datetime.fromisoformat(manifest["start_time_utc"])
     out_path = args.output_json or os.path.join(
         "runs", f"replay-{start_utc.strftime('%Y%m%dT%H%M%SZ')}.json"
     )
