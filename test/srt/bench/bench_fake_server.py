@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from typing import List, Optional, Sequence, Set, Tuple
 
 from aiohttp import web
+from threaded_aiohttp import ThreadedAiohttpServer
 
 SERVER_INFO = {"model_path": "scripted-model", "version": "fake-0.0", "kernel_paths": None}
 
 
-class ScriptedServer:
+class ScriptedServer(ThreadedAiohttpServer):
     def __init__(
         self,
         script: Sequence[Tuple[float, int]] = ((0.01, 1), (0.01, 1)),
@@ -51,14 +50,7 @@ class ScriptedServer:
         self.inflight = 0
         self.max_inflight = 0
         self.flushes = 0
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._runner: Optional[web.AppRunner] = None
-        self._thread: Optional[threading.Thread] = None
-        self.port: Optional[int] = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__()
 
     def chunks(self, n_tokens: int) -> List[Tuple[float, int]]:
         """The (delay, tokens) schedule of one request asking for ``n_tokens``."""
@@ -151,45 +143,10 @@ class ScriptedServer:
 
         return await self._stream(request, n, make)
 
-    def start(self) -> "ScriptedServer":
-        ready = threading.Event()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/get_server_info", self._info)
+        app.router.add_post("/flush_cache", self._flush)
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/v1/completions", self._completions)
-            app.router.add_post("/generate", self._generate)
-            app.router.add_get("/v1/models", self._models)
-            app.router.add_get("/get_server_info", self._info)
-            app.router.add_post("/flush_cache", self._flush)
-            self._runner = web.AppRunner(app)
-            loop.run_until_complete(self._runner.setup())
-            loop.run_until_complete(web.SockSite(self._runner, sock).start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> "ScriptedServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

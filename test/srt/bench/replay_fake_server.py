@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 from typing import List, Optional
 
 from aiohttp import web
+from threaded_aiohttp import ThreadedAiohttpServer
 
 SERVER_INFO = {"model_path": "fake-model", "version": "fake-0.0", "page_size": 1}
 
@@ -28,7 +27,7 @@ def common_prefix_len(a: List[int], b: List[int]) -> int:
     return i
 
 
-class FakeServer:
+class FakeServer(ThreadedAiohttpServer):
     def __init__(
         self,
         chunk_size: int = 3,
@@ -44,14 +43,7 @@ class FakeServer:
         self.chunk_delay_s = chunk_delay_s
         self.arrivals: List[List[int]] = []  # input_ids of accepted requests, arrival order
         self.cached: List[int] = []  # cached_tokens answered, same order
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._runner: Optional[web.AppRunner] = None
-        self._thread: Optional[threading.Thread] = None
-        self.port: Optional[int] = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__()
 
     async def _server_info(self, request: web.Request) -> web.Response:
         return web.json_response(SERVER_INFO)
@@ -92,36 +84,6 @@ class FakeServer:
         await resp.write_eof()
         return resp
 
-    def start(self) -> "FakeServer":
-        ready = threading.Event()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/generate", self._generate)
-            app.router.add_get("/get_server_info", self._server_info)
-            self._runner = web.AppRunner(app)
-            loop.run_until_complete(self._runner.setup())
-            loop.run_until_complete(web.SockSite(self._runner, sock).start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/get_server_info", self._server_info)
