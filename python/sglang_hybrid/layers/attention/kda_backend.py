@@ -28,11 +28,10 @@ import torch
 
 from sgl_hybrid_kernel.conv.reference import causal_conv1d, causal_conv1d_step
 from sgl_hybrid_kernel.dispatch import record_choice
-from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
-from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 
+from sglang_hybrid.layers.attention.kda_kernel import SglHybridKDAKernel
 from sglang_hybrid.platforms import current_platform
 
 logger = logging.getLogger(__name__)
@@ -53,6 +52,9 @@ class HybridKDAAttnBackend(KDAAttnBackend):
             model_runner.req_to_token_pool.mamba_pool.mamba_cache.conv[0].transpose(-1, -2).shape
         )
         self.kernel_dispatcher = None
+        # The recurrence runs through our kernel interface; on CPU it takes the
+        # plain-torch path (sgl_hybrid_kernel references).
+        self._kernel = SglHybridKDAKernel()
         self.prefill_graph_metadata = None
         self._fused_chain_verify_fn = None
         for op in ("kda_prefill", "kda_decode", "causal_conv1d"):
@@ -74,19 +76,14 @@ class HybridKDAAttnBackend(KDAAttnBackend):
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
-    def _split_heads(layer, qkv: torch.Tensor):
-        q, k, v = qkv.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
-        q = q.unflatten(-1, (layer.num_q_heads, layer.head_q_dim))
-        k = k.unflatten(-1, (layer.num_k_heads, layer.head_k_dim))
-        v = v.unflatten(-1, (layer.num_v_heads, layer.head_v_dim))
-        return l2_norm(q), l2_norm(k), v
-
-    @staticmethod
-    def _gates(layer, a: torch.Tensor, b: torch.Tensor, n: int):
-        f = a.reshape(n, layer.num_v_heads, layer.head_k_dim)
-        g = kda_gate(f, layer.A_log, layer.dt_bias, layer.lower_bound)
-        beta = b.reshape(n, layer.num_v_heads).float().sigmoid()
-        return g, beta
+    def _split_qkv(layer, x: torch.Tensor):
+        """Post-conv ``[N, q|k|v]`` -> ``[1, N, heads, dim]`` each (L2 norm happens in the kernel)."""
+        q, k, v = x.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        return (
+            q.unflatten(-1, (layer.num_q_heads, layer.head_q_dim)).unsqueeze(0),
+            k.unflatten(-1, (layer.num_k_heads, layer.head_k_dim)).unsqueeze(0),
+            v.unflatten(-1, (layer.num_v_heads, layer.head_v_dim)).unsqueeze(0),
+        )
 
     # ------------------------------------------------------------------ extend
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -113,36 +110,30 @@ class HybridKDAAttnBackend(KDAAttnBackend):
         if track_chunks is not None and any(c >= 0 for c in track_chunks):
             h_track = torch.zeros((len(lens), *ssm_pool.shape[1:]), dtype=torch.float32)
 
-        g_all, beta_all = self._gates(layer, a, b, n_total)
-        out = mixed_qkv.new_empty(n_total, layer.num_v_heads, layer.head_v_dim)
-        weight = layer.conv_weights
+        # Conv per sequence (its window continues only after a prefix), then the
+        # recurrence through the same kernel interface upstream's backend uses.
+        x = torch.empty_like(mixed_qkv)
         start = 0
-        for i, (n, prefix, slot) in enumerate(zip(lens, prefix_lens, slots)):
+        for n, prefix, slot in zip(lens, prefix_lens, slots):
             sl = slice(start, start + n)
             start += n
             if n == 0:
                 continue
-            has_state = prefix > 0
-            conv_state = conv_pool[slot] if has_state else None
-            x, new_conv = causal_conv1d(mixed_qkv[sl], weight, conv_state, activation="silu")
+            conv_state = conv_pool[slot] if prefix > 0 else None
+            x[sl], new_conv = causal_conv1d(mixed_qkv[sl], layer.conv_weights, conv_state, activation="silu")
             conv_pool[slot] = new_conv.to(conv_pool.dtype)
-            q, k, v = self._split_heads(layer, x)
-            s0 = ssm_pool[slot].transpose(-1, -2).float() if has_state else None
-            cps = []
-            if h_track is not None and track_chunks[i] > 0:
-                cps = [track_chunks[i] * self.mamba_chunk_size]
-            o, s_final, states = kda_chunk(
-                q, k, v, g_all[sl], beta_all[sl], initial_state=s0, chunk_size=self.mamba_chunk_size, checkpoints=cps
-            )
-            if h_track is not None and track_chunks[i] == 0:
-                h_track[i] = s0.transpose(-1, -2) if s0 is not None else 0.0
-            elif cps:
-                h_track[i] = states[cps[0]].transpose(-1, -2)
-            ssm_pool[slot] = s_final.transpose(-1, -2).to(ssm_pool.dtype)
-            out[sl] = o
+        q, k, v = self._split_qkv(layer, x)
+        cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0)
+        out = self._kernel.extend(
+            q, k, v, a.reshape(1, n_total, layer.num_v_heads, layer.head_k_dim), b.reshape(1, n_total, layer.num_v_heads),
+            ssm_states=ssm_pool, cache_indices=md.mamba_cache_indices, query_start_loc=cu, A_log=layer.A_log,
+            dt_bias=layer.dt_bias, lower_bound=layer.lower_bound, beta_is_raw=True,
+            extend_prefix_lens=torch.tensor(prefix_lens), track_state=h_track,
+            track_chunk_idx=md.track_chunk_idx if h_track is not None else None,
+        )
         if md.has_mamba_track_mask:
             self._track_mamba_state_extend(forward_batch, None, ssm_pool, md, h_track_buf=h_track)
-        return out.unsqueeze(0)
+        return out
 
     # ------------------------------------------------------------------ decode
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -154,17 +145,13 @@ class HybridKDAAttnBackend(KDAAttnBackend):
         idx = md.mamba_cache_indices.long()
         n = mixed_qkv.shape[0]
         x = causal_conv1d_step(mixed_qkv, layer.conv_weights, conv_pool, idx, activation="silu")
-        q, k, v = self._split_heads(layer, x)
-        g, beta = self._gates(layer, a, b, n)
-        out = mixed_qkv.new_empty(n, layer.num_v_heads, layer.head_v_dim)
-        for i in range(n):
-            slot = int(idx[i])
-            s0 = ssm_pool[slot].transpose(-1, -2)
-            o, s1 = kda_recurrent(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], initial_state=s0)
-            ssm_pool[slot] = s1.transpose(-1, -2).to(ssm_pool.dtype)
-            out[i] = o[0]
+        q, k, v = self._split_qkv(layer, x)
+        out = self._kernel.decode(
+            q, k, v, a.reshape(n, -1), b.reshape(1, n, -1), A_log=layer.A_log, dt_bias=layer.dt_bias,
+            ssm_states=ssm_pool, cache_indices=md.mamba_cache_indices, query_start_loc=None, lower_bound=layer.lower_bound,
+        )
         self._track_decode_torch(forward_batch, conv_pool, ssm_pool, idx)
-        return out.unsqueeze(0)
+        return out
 
     def _track_decode_torch(self, forward_batch, conv_pool, ssm_pool, idx):
         """Copy the state of tracked rows to their checkpoint slots (upstream

@@ -89,6 +89,10 @@ class SglHybridKDAKernel(TritonKDAKernel):
         f, b2 = g.reshape(N, H, K), beta.reshape(N, H)
         cu = query_start_loc.to(torch.int32)
         lens = (cu[1:] - cu[:-1]).tolist()
+        # A sequence starts from its slot's state only when it has a cached/previous
+        # prefix (upstream passes extend_prefix_lens); otherwise from zeros.
+        prefix = kwargs.get("extend_prefix_lens")
+        has_init = [True] * len(lens) if prefix is None else [int(p) > 0 for p in prefix.tolist()]
         track_state, track_chunk = kwargs.get("track_state"), kwargs.get("track_chunk_idx")
         ckpts, zero_tracks = [], []
         if track_state is not None and track_chunk is not None:
@@ -98,10 +102,15 @@ class SglHybridKDAKernel(TritonKDAKernel):
                 elif c > 0:
                     ckpts.append((i, c * MAMBA_CHUNK, i))
             for i in zero_tracks:  # a checkpoint at the extend start is the initial state
-                track_state[i] = ssm_states[int(cache_indices[i])].to(track_state.dtype)
+                if has_init[i]:
+                    track_state[i] = ssm_states[int(cache_indices[i])].to(track_state.dtype)
+                else:
+                    track_state[i] = 0
         if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
             o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
-                                         cache_indices.to(torch.int32), None, "kda", lower_bound, state_layout="vk",
+                                         cache_indices.to(torch.int32),
+                                         torch.tensor(has_init, dtype=torch.int32, device=q.device), "kda", lower_bound,
+                                         state_layout="vk",
                                          checkpoints=ckpts, checkpoint_pool=track_state if ckpts else None)
         else:
             o = torch.empty_like(v2)
@@ -110,9 +119,12 @@ class SglHybridKDAKernel(TritonKDAKernel):
             for i, (n, slot) in enumerate(zip(lens, cache_indices.tolist())):
                 sl = slice(start, start + n)
                 start += n
+                if n == 0:
+                    continue
                 want = [p for (s, p, _) in ckpts if s == i]
+                s0 = ssm_states[slot].transpose(-1, -2).float() if has_init[i] else None
                 oi, S, states = kda_chunk(l2_norm(q2[sl]), l2_norm(k2[sl]), v2[sl], gate[sl], torch.sigmoid(b2[sl].float()),
-                                          initial_state=ssm_states[slot].transpose(-1, -2), checkpoints=want)
+                                          initial_state=s0, chunk_size=MAMBA_CHUNK, checkpoints=want)
                 ssm_states[slot] = S.transpose(-1, -2).to(ssm_states.dtype)
                 for p in want:
                     track_state[i] = states[p].transpose(-1, -2).to(track_state.dtype)
