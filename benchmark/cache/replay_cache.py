@@ -1,0 +1,145 @@
+"""Trace-driven prefix-cache benchmark: our HybridRadixCache vs upstream's UnifiedRadixCache.
+
+Both caches are the real classes (upstream sglang 0.5.23 ``UnifiedRadixCache``
+with FULL + MAMBA components, extra_buffer, page 64; ours subclasses it), fed
+request by request from the whole Mooncake conversation trace at true lengths,
+over fake pools that account bytes instead of holding tensors
+(``sglang_hybrid.mem_cache.fake_pools``). Byte sizes: Kimi K3 per GPU at TP8
+(KV 13,824 B/token, checkpoint 54.3 MB) and a DCP8 variant (KV / 8).
+
+Prints one line per (layout, policy, device budget, host budget) with the
+reuse as % of input and as % of the perfect-cache reuse measured on the same
+trace, the ratio to upstream at the same budget, and writes JSON + a plot.
+
+    python benchmark/cache/replay_cache.py                       # full matrix (~1 h on one core)
+    python benchmark/cache/replay_cache.py --limit 1500 --quick  # a few minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+GB = 1_000_000_000
+
+
+def main(argv=None) -> int:
+    from sglang_hybrid.mem_cache.trace_replay import ModelBytes, ReplayConfig, load_trace, perfect_reuse_tokens, replay
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", default=os.path.join(REPO, "benchmark", "traces", "mooncake_conversation_trace.jsonl"))
+    ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    ap.add_argument("--device-gb", default="20,40,80,inf", help="device budgets in GB (inf = unbounded)")
+    ap.add_argument("--host-gb", default="0,250", help="host budgets in GB for our cache")
+    ap.add_argument("--layouts", default="tp8,dcp8")
+    ap.add_argument("--quick", action="store_true", help="TP8 only, host tier only at the largest finite budget")
+    ap.add_argument("--out", default=os.path.join(REPO, "benchmark", "results", "cache_replay.json"))
+    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "bench", "cache_replay.png"))
+    args = ap.parse_args(argv)
+
+    devs = [None if d.strip() == "inf" else float(d) for d in args.device_gb.split(",")]
+    hosts = [float(h) for h in args.host_gb.split(",")]
+    layouts = ["tp8"] if args.quick else [x.strip() for x in args.layouts.split(",")]
+    records = load_trace(args.trace, args.limit)
+    perfect, total = perfect_reuse_tokens(records)
+    perfect_pct = 100.0 * perfect / total
+    print(f"trace: {len(records)} requests, {total / 1e6:.1f} M input tokens; perfect-cache reuse {perfect_pct:.2f}%", flush=True)
+
+    runs = []
+    for layout in layouts:
+        model = ModelBytes() if layout == "tp8" else ModelBytes().dcp(8)
+        finite = [d for d in devs if d is not None]
+        for dev in devs:
+            plan = [("upstream", 0.0)]
+            for h in hosts:
+                if h > 0 and (dev is None or (args.quick and dev != max(finite))):
+                    continue
+                plan.append(("hybrid", h))
+            for policy, host in plan:
+                cfg = ReplayConfig(
+                    policy=policy,
+                    device_budget_bytes=None if dev is None else int(dev * GB),
+                    host_budget_bytes=int(host * GB),
+                    model=model,
+                    stride=512,
+                )
+                r = replay(cfg, records)
+                d = r.as_dict()
+                d.update(layout=layout, reuse_pct_of_perfect=round(100.0 * r.reused_tokens / max(1, perfect), 2))
+                runs.append(d)
+                print(
+                    f"{layout:5s} {policy:8s} device {('inf' if dev is None else f'{dev:.0f}'):>4s} GB host {host:5.0f} GB: "
+                    f"reuse {r.reuse_pct:6.2f}% ({d['reuse_pct_of_perfect']:5.1f}% of perfect), "
+                    f"host hit {r.host_hit_tokens / max(1, r.reused_tokens) * 100:5.1f}% of reuse, "
+                    f"H2D {d['host_to_device_bytes_per_reused_token']:.0f} B/reused tok, "
+                    f"cut-backs {r.cut_back_requests}, ckpts {r.checkpoints_stored} (share {r.mean_checkpoint_memory_share:.2f}), "
+                    f"{r.seconds:.0f}s",
+                    flush=True,
+                )
+    # ratios against upstream at the same layout and device budget
+    ups = {(x["layout"], x["device_budget_gb"]): x["reuse_pct"] for x in runs if x["policy"] == "upstream"}
+    print("\nratio ours / upstream (same layout, device budget, same run):")
+    for x in runs:
+        if x["policy"] == "hybrid":
+            u = ups.get((x["layout"], x["device_budget_gb"]))
+            x["ratio_vs_upstream"] = round(x["reuse_pct"] / u, 3) if u else None
+            print(f"  {x['layout']} device {x['device_budget_gb']} GB host {x['host_budget_gb']} GB: {x['ratio_vs_upstream']}")
+    result = {
+        "benchmark": "benchmark/cache/replay_cache.py",
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.node()} ({platform.processor() or platform.machine()}, CPU only)",
+        "command": "python benchmark/cache/replay_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "trace": os.path.relpath(args.trace, REPO) if args.trace.startswith(REPO) else args.trace,
+        "requests": len(records),
+        "input_tokens": total,
+        "perfect_reuse_pct": round(perfect_pct, 3),
+        "runs": runs,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    if args.plot:
+        _plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series = {}
+    for x in result["runs"]:
+        if x["device_budget_gb"] is None:
+            continue
+        key = f"{x['layout']} {x['policy']}" + (f" +{x['host_budget_gb']:.0f} GB host" if x["host_budget_gb"] else "")
+        series.setdefault(key, []).append((x["device_budget_gb"], x["reuse_pct"]))
+    for key, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key, linestyle="--" if "upstream" in key else "-")
+    ax.axhline(result["perfect_reuse_pct"], color="gray", linewidth=0.8)
+    ax.text(ax.get_xlim()[0], result["perfect_reuse_pct"], " perfect cache", va="bottom", fontsize=8, color="gray")
+    ax.set_xlabel("device cache budget per GPU (GB)")
+    ax.set_ylabel("reused input tokens (%)")
+    ax.set_title(f"Mooncake conversation trace, {result['requests']} requests")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,764 @@
+"""Hybrid radix cache: aligned resume points, value-aware eviction, host tier.
+
+A *resume point* is a position ``p`` at which both the attention KV of tokens
+``[0, p)`` and a recurrent checkpoint (conv window + recurrent state of every
+KDA/GDN layer) at exactly ``p`` are cached. Upstream's ``UnifiedRadixCache``
+with its FULL + MAMBA components already returns the deepest node that holds
+both (``device_prefix_len``) and reports the longer KV-only match
+(``full_kv_hit_length``); this class keeps its tree, node layout, locks and
+allocators and changes what the issue on the hybrid radix cache (#3) asks:
+
+* **Which checkpoint to evict** (:class:`ValueAwareMambaComponent`): a
+  checkpoint with a deeper checkpoint below it on every path ("interior") saves
+  little — a match resumes from the deeper one — so interior checkpoints go
+  first, in LRU order, then the rest in LRU order. Upstream evicts in plain LRU
+  order.
+* **One device budget** (``device_budget_bytes``): KV pages and checkpoints are
+  accounted in bytes against one budget instead of two fixed pools;
+  :meth:`HybridRadixCache.enforce_budget` evicts interior checkpoints first,
+  then least-recently-used leaves (KV and the checkpoint at their end together,
+  so no KV is kept that no resume point can reach).
+* **Host tier** (:class:`HostTier`): what leaves the device is remembered in a
+  host-memory index of page-prefix hashes and checkpoint hashes with its own byte
+  budget (LRU); :meth:`HybridRadixCache.match_with_host` resumes from the deepest
+  host resume point beyond the device one, loads KV pages and the checkpoint back
+  together and reports a host hit.
+* **Honest metrics** (:class:`CacheMetrics`): device / host / recomputed tokens,
+  KV matches discarded for lack of a checkpoint, checkpoint count and bytes per
+  tier.
+
+Where checkpoints are *placed* (prompt end, branch points, aligned positions) is
+decided by :func:`checkpoint_positions`.
+
+The host tier here is an index with byte accounting, which is what the trace
+replay (``benchmark/cache/replay_cache.py``) needs; moving the tensors is the
+serving path's job (docs/hybrid-cache.md says what is wired where).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+logger = logging.getLogger(__name__)
+
+_MAMBA = ComponentType.MAMBA
+_FULL = ComponentType.FULL
+
+
+# --------------------------------------------------------------------------
+# Placement
+# --------------------------------------------------------------------------
+def checkpoint_positions(
+    prompt_len: int,
+    resume_len: int,
+    kv_hit_len: int,
+    grid: int,
+) -> List[int]:
+    """Positions (tokens) at which a prefill should store a checkpoint.
+
+    Few and valuable (issue #3, "Where checkpoints go"):
+
+    * the **branch point**: the last ``grid``-aligned position inside the KV
+      match when the KV match runs deeper than the resume point (a new request
+      diverged from a cached path there, e.g. after a shared system prompt);
+    * the **prompt end**, aligned down to ``grid``, so the next turn of a
+      conversation resumes here and not one turn behind.
+
+    Args:
+        prompt_len: prompt length in tokens (>= 0).
+        resume_len: where this request resumes (a resume point, ``grid``-aligned).
+        kv_hit_len: length of the attention-KV match (>= ``resume_len``).
+        grid: checkpoint grid = lcm(kernel chunk, page, DCP-widened page) (> 0).
+    Returns:
+        Sorted distinct positions in ``(resume_len, prompt_len]``.
+    Raises:
+        ValueError: on a non-positive grid or inconsistent lengths.
+    """
+    if grid <= 0:
+        raise ValueError(f"grid must be > 0, got {grid}")
+    if prompt_len < 0 or resume_len < 0 or kv_hit_len < 0:
+        raise ValueError(f"lengths must be >= 0, got prompt_len={prompt_len} resume_len={resume_len} kv_hit_len={kv_hit_len}")
+    if resume_len > prompt_len:
+        raise ValueError(f"resume_len={resume_len} > prompt_len={prompt_len}")
+    out = set()
+    branch = (min(kv_hit_len, prompt_len) // grid) * grid
+    if branch > resume_len:
+        out.add(branch)
+    end = (prompt_len // grid) * grid
+    if end > resume_len:
+        out.add(end)
+    return sorted(out)
+
+
+def checkpoint_grid(*sizes: int) -> int:
+    """lcm of the kernel chunk, the page size and the DCP-widened page (all > 0)."""
+    for s in sizes:
+        if s <= 0:
+            raise ValueError(f"grid sizes must be > 0, got {sizes}")
+    g = 1
+    for s in sizes:
+        g = g * s // math.gcd(g, s)
+    return g
+
+
+# --------------------------------------------------------------------------
+# Eviction order of checkpoints
+# --------------------------------------------------------------------------
+class ValueAwareMambaComponent(MambaComponent):
+    """Upstream's MAMBA component with interior checkpoints evicted first.
+
+    Before each eviction walk the component's LRU list is reordered so that
+    checkpoints with a deeper device checkpoint somewhere below them come first
+    (tail side), each group keeping its LRU order. The walk itself, locks and
+    cascades are upstream's.
+    """
+
+    def interior_checkpoint_nodes(self) -> List:
+        """Unlocked device checkpoints that have a deeper device checkpoint below."""
+        lru = self.tree_core.lru_lists[_MAMBA]
+        holders = list(lru.cache.values())
+        covered = set()
+        for node in holders:
+            p = node.parent
+            while p is not None and p is not self.tree_core.root_node:
+                if id(p) in covered:
+                    break
+                covered.add(id(p))
+                p = p.parent
+        return [n for n in holders if id(n) in covered and n.component_data[_MAMBA].lock_ref == 0]
+
+    def _reorder_for_value(self) -> None:
+        lru = self.tree_core.lru_lists[_MAMBA]
+        if self.tree_core.enable_session_radix_cache or not lru.cache:
+            return
+        interior = {id(n) for n in self.interior_checkpoint_nodes()}
+        order = []  # LRU -> MRU
+        pt = lru._pt
+        x = lru.tail.lru_prev[pt]
+        while x is not lru.head:
+            order.append(x)
+            x = x.lru_prev[pt]
+        for node in order:
+            if id(node) not in interior:
+                lru.reset_node_mru(node)
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self._reorder_for_value()
+        super()._evict_device_start(request_cnt)
+
+    def evict_component(self, node, device_frees, host_frees, cache_actions, target=None, **kw):
+        from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
+
+        target = EvictLayer.DEVICE if target is None else target
+        if EvictLayer.DEVICE in target and node.component_data[_MAMBA].value is not None:
+            self.cache._on_device_evict(node, _MAMBA)
+        return super().evict_component(node, device_frees, host_frees, cache_actions, target=target, **kw)
+
+
+class HostCapturingFullComponent(FullComponent):
+    """Upstream's FULL component; a KV segment leaving the device is offered to the host tier first."""
+
+    def evict_component(self, node, device_frees, host_frees, cache_actions, target=None, **kw):
+        from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
+
+        target = EvictLayer.DEVICE if target is None else target
+        if EvictLayer.DEVICE in target and node.component_data[_FULL].value is not None:
+            self.cache._on_device_evict(node, _FULL)
+        return super().evict_component(node, device_frees, host_frees, cache_actions, target=target, **kw)
+
+
+# --------------------------------------------------------------------------
+# Host tier
+# --------------------------------------------------------------------------
+def _page_hash(prev: bytes, tokens) -> bytes:
+    h = hashlib.blake2b(prev, digest_size=16)
+    h.update(memoryview(tokens).cast("B") if hasattr(tokens, "typecode") else bytes(tokens))
+    return h.digest()
+
+
+ROOT_HASH = b"\0" * 16
+
+
+class HostTier:
+    """Host-memory (CPU DRAM) tier of KV pages and checkpoints, LRU, byte-budgeted.
+
+    Entries are keyed by the hash of the whole token prefix they end at (a page
+    ending at position ``p`` under ``hash(tokens[0:p])``, a checkpoint at ``p``
+    under the same hash), so a lookup needs no tree: a chain of page hashes from
+    the root finds how far the host copy reaches.
+
+    Args:
+        budget_bytes: host capacity in bytes (0 disables the tier).
+        page_bytes: bytes of one KV page (page tokens x KV bytes per token).
+        state_bytes: bytes of one checkpoint (all recurrent layers).
+    """
+
+    def __init__(self, budget_bytes: int, page_bytes: int, state_bytes: int, on_drop=None):
+        if budget_bytes < 0 or page_bytes <= 0 or state_bytes <= 0:
+            raise ValueError(
+                f"budget_bytes must be >= 0 and page/state bytes > 0, got {budget_bytes}, {page_bytes}, {state_bytes}"
+            )
+        self.budget_bytes = int(budget_bytes)
+        self.page_bytes = int(page_bytes)
+        self.state_bytes = int(state_bytes)
+        self._lru: "OrderedDict[Tuple[str, bytes], int]" = OrderedDict()
+        self.used_bytes = 0
+        self.num_checkpoints = 0
+        self.num_pages = 0
+        self._on_drop = on_drop
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+    def _put(self, kind: str, h: bytes, nbytes: int) -> None:
+        k = (kind, h)
+        if k in self._lru:
+            self._lru.move_to_end(k)
+            return
+        if nbytes > self.budget_bytes:
+            return
+        while self.used_bytes + nbytes > self.budget_bytes and self._lru:
+            (okind, oh), ob = self._lru.popitem(last=False)
+            self.used_bytes -= ob
+            if self._on_drop is not None:
+                self._on_drop(okind, oh)
+            if okind == "s":
+                self.num_checkpoints -= 1
+            else:
+                self.num_pages -= 1
+        self._lru[k] = nbytes
+        self.used_bytes += nbytes
+        if kind == "s":
+            self.num_checkpoints += 1
+        else:
+            self.num_pages += 1
+
+    def put_pages(self, hashes: Sequence[bytes]) -> None:
+        if self.enabled:
+            for h in hashes:
+                self._put("p", h, self.page_bytes)
+
+    def put_checkpoint(self, h: bytes) -> None:
+        if self.enabled:
+            self._put("s", h, self.state_bytes)
+
+    def has_page(self, h: bytes) -> bool:
+        return ("p", h) in self._lru
+
+    def has_checkpoint(self, h: bytes) -> bool:
+        return ("s", h) in self._lru
+
+    def touch(self, kind: str, h: bytes) -> None:
+        k = (kind, h)
+        if k in self._lru:
+            self._lru.move_to_end(k)
+
+
+# --------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------
+@dataclass
+class CacheMetrics:
+    """Counters in tokens / bytes since start (issue #3, "Honest metrics")."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    recomputed_tokens: int = 0
+    kv_match_discarded_tokens: int = 0  # KV matched beyond the resume point, no checkpoint there
+    cut_back_requests: int = 0
+    host_to_device_bytes: int = 0
+    checkpoints_stored: int = 0
+    per_request: List[Dict[str, int]] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> Dict[str, int]:
+        d = {k: v for k, v in self.__dict__.items() if k != "per_request"}
+        return d
+
+
+@dataclass
+class HostMatch:
+    """Result of :meth:`HybridRadixCache.match_with_host`. Lengths in tokens."""
+
+    resume_len: int  # where the request resumes (device or host resume point)
+    device_resume_len: int
+    host_hit_len: int  # tokens restored from the host tier (resume_len - device_resume_len)
+    kv_hit_len: int  # longest KV match on device or host
+    last_node: object
+    loaded_bytes: int
+
+
+class HybridRadixCache(UnifiedRadixCache):
+    """``UnifiedRadixCache`` (FULL + MAMBA) with our eviction, budget and host tier.
+
+    Construct like upstream's class; the extra keyword arguments are
+
+    Args:
+        kv_bytes_per_token: attention KV bytes per token on this rank (all
+            full-attention layers), used for the joint budget and the metrics.
+        state_bytes: bytes of one checkpoint (all recurrent layers).
+        device_budget_bytes: joint device budget for cached KV + checkpoints;
+            ``None`` keeps upstream's two separately sized pools.
+        host_budget_bytes: host tier capacity (0 = off).
+        placement_warmup, min_hit_rate: see :meth:`placement`.
+        host_payload: copy the KV rows and state tensors to host memory (the
+            serving path); False keeps only the byte-accounted index (replay).
+        serving: called by the scheduler: ``match_prefix`` restores host
+            resume points and records metrics.
+        chunked_prefill_size: the server's prefill chunk (tokens), informational.
+    """
+
+    def __init__(
+        self,
+        params,
+        *,
+        kv_bytes_per_token: int = 1,
+        state_bytes: int = 1,
+        device_budget_bytes: Optional[int] = None,
+        host_budget_bytes: int = 0,
+        placement_warmup: int = 64,
+        min_hit_rate: float = 0.05,
+        host_payload: bool = False,
+        serving: bool = False,
+        chunked_prefill_size: Optional[int] = None,
+        **kwargs,
+    ):
+        overrides = dict(params.component_registry_override or {})
+        overrides.setdefault(_MAMBA, ValueAwareMambaComponent)
+        overrides.setdefault(_FULL, HostCapturingFullComponent)
+        params.component_registry_override = overrides
+        params.tree_core_backend = params.tree_core_backend or "python"
+        super().__init__(params=params, **kwargs)
+        if kv_bytes_per_token <= 0 or state_bytes <= 0:
+            raise ValueError(f"kv_bytes_per_token and state_bytes must be > 0, got {kv_bytes_per_token}, {state_bytes}")
+        self.kv_bytes_per_token = int(kv_bytes_per_token)
+        self.state_bytes = int(state_bytes)
+        self.device_budget_bytes = device_budget_bytes
+        self.host_payload = HostPayloadStore(self) if host_payload and host_budget_bytes > 0 else None
+        self.host = HostTier(
+            host_budget_bytes,
+            self.page_size * self.kv_bytes_per_token,
+            self.state_bytes,
+            on_drop=self.host_payload.drop if self.host_payload is not None else None,
+        )
+        self.serving = serving
+        self.chunked_prefill_size = chunked_prefill_size
+        self.host_hits_by_rid: Dict[str, int] = {}
+        self.metrics = CacheMetrics()
+        self._hash_cache: Dict[int, Tuple[int, bytes]] = {}
+        self.kind_stored: Dict[str, int] = {}
+        self.kind_hits: Dict[str, int] = {}
+        self._node_kind: Dict[object, str] = {}
+        self.placement_warmup = placement_warmup
+        self.min_hit_rate = min_hit_rate
+        logger.info(
+            "HybridRadixCache: page=%d, joint device budget=%s, host tier=%.1f GB",
+            self.page_size,
+            "off (separate pools)" if device_budget_bytes is None else f"{device_budget_bytes / 1e9:.1f} GB",
+            host_budget_bytes / 1e9,
+        )
+
+    # ---------------------------------------------------------------- bytes
+    def _mamba_component(self):
+        return self.tree_core.components_by_type[_MAMBA]
+
+    def device_checkpoint_count(self) -> int:
+        return len(self.tree_core.lru_lists[_MAMBA].cache)
+
+    def device_used_bytes(self) -> int:
+        """KV tokens and state slots in use (cached + held by requests), in bytes."""
+        alloc = self.token_to_kv_pool_allocator
+        kv_used = alloc.size - alloc.available_size()
+        ma = self.req_to_token_pool.mamba_allocator
+        slots_used = ma.size - ma.available_size()
+        return kv_used * self.kv_bytes_per_token + slots_used * self.state_bytes
+
+    def enforce_budget(self, reserve_bytes: int = 0) -> bool:
+        """Evict until used + ``reserve_bytes`` fits the joint device budget.
+
+        Order: interior checkpoints (LRU), then LRU leaves (their KV and the
+        checkpoint at their end). Returns False when locked entries alone
+        exceed the budget.
+        """
+        if self.device_budget_bytes is None:
+            return True
+        comp = self._mamba_component()
+        while self.device_used_bytes() + reserve_bytes > self.device_budget_bytes:
+            if comp.interior_checkpoint_nodes():
+                res = self.evict(EvictParams(num_tokens=0, mamba_num=1))
+                if res.mamba_num_evicted > 0:
+                    continue
+            over = self.device_used_bytes() + reserve_bytes - self.device_budget_bytes
+            tokens = max(self.page_size, -(-over // self.kv_bytes_per_token))
+            res = self.evict(EvictParams(num_tokens=tokens))
+            if res.num_tokens_evicted == 0 and res.mamba_num_evicted == 0:
+                return False
+        return True
+
+    # ----------------------------------------------------------- hashing
+    def _node_end_hash(self, node) -> Tuple[int, bytes]:
+        """(depth, hash of tokens[0:depth]) at the end of ``node``."""
+        root = self.tree_core.root_node
+        chain = []
+        x = node
+        while x is not root and x is not None and id(x) not in self._hash_cache:
+            chain.append(x)
+            x = x.parent
+        depth, h = (0, ROOT_HASH) if (x is root or x is None) else self._hash_cache[id(x)]
+        for n in reversed(chain):
+            toks = n.key.token_ids
+            for s in range(0, len(toks), self.page_size):
+                h = _page_hash(h, toks[s : s + self.page_size])
+            depth += len(toks)
+            self._hash_cache[id(n)] = (depth, h)
+        return depth, h
+
+    def _node_page_hashes(self, node) -> List[bytes]:
+        """Hashes of every page that ends inside ``node``."""
+        parent_depth, h = self._node_end_hash(node.parent) if node.parent is not self.tree_core.root_node else (0, ROOT_HASH)
+        out = []
+        toks = node.key.token_ids
+        for s in range(0, len(toks), self.page_size):
+            h = _page_hash(h, toks[s : s + self.page_size])
+            out.append(h)
+        return out
+
+    def prefix_hashes(self, token_ids, upto: int) -> List[bytes]:
+        """Hash of ``token_ids[0:(i+1)*page]`` for each whole page below ``upto``."""
+        out, h = [], ROOT_HASH
+        for s in range(0, (upto // self.page_size) * self.page_size, self.page_size):
+            h = _page_hash(h, token_ids[s : s + self.page_size])
+            out.append(h)
+        return out
+
+    # ------------------------------------------------------ eviction hooks
+    def _on_device_evict(self, node, component) -> None:
+        """Called by our components just before ``node`` loses its device KV or checkpoint."""
+        if not self.host.enabled or node is self.tree_core.root_node:
+            return
+        if component == _FULL:
+            hashes = self._node_page_hashes(node)
+            if self.host_payload is not None:
+                self.host_payload.save_kv(hashes, node.component_data[_FULL].value)
+            self.host.put_pages(hashes)
+        else:
+            _, h = self._node_end_hash(node)
+            if self.host_payload is not None:
+                self.host_payload.save_state(h, node.component_data[_MAMBA].value)
+            self.host.put_checkpoint(h)
+        self._hash_cache.pop(id(node), None)
+
+    # ------------------------------------------------------------- match
+    def match_with_host(self, token_ids, *, load: bool = True) -> HostMatch:
+        """Deepest resume point on device or host; with ``load``, brings a host one back.
+
+        A host resume point at ``p`` needs every KV page of ``[0, p)`` on the
+        device or the host and a host checkpoint at ``p``. Loading allocates
+        device KV for the pages not on the device and a state slot, copies the
+        host payload in (serving path; synchronous, so the data is in place
+        before the scheduler sees the match), inserts KV and checkpoint into the
+        tree together and counts the bytes moved.
+        """
+        m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
+        dev = m.device_prefix_len
+        kv_dev = m.full_kv_hit_length
+        if not self.host.enabled:
+            return HostMatch(dev, dev, 0, kv_dev, m.last_device_node, 0)
+        hashes = self.prefix_hashes(token_ids, len(token_ids))
+        kv_hit, host_resume = kv_dev, dev
+        for i, h in enumerate(hashes):
+            pos = (i + 1) * self.page_size
+            if pos > kv_dev and not self.host.has_page(h):
+                break
+            kv_hit = max(kv_hit, pos)
+            if pos > dev and self.host.has_checkpoint(h):
+                host_resume = pos
+        if host_resume <= dev:
+            return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+        if not load:
+            return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m.last_device_node, 0)
+        new_kv = max(0, host_resume - kv_dev)
+        loaded = new_kv * self.kv_bytes_per_token + self.state_bytes
+        lock = self.inc_lock_ref(m.last_device_node)
+        try:
+            ok = self._make_room(new_kv, 1)
+        finally:
+            self.dec_lock_ref(m.last_device_node, lock.to_dec_params())
+        if not ok:
+            return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+        page_hashes = hashes[kv_dev // self.page_size : host_resume // self.page_size]
+        state_hash = hashes[host_resume // self.page_size - 1]
+        if self.host_payload is not None and not self.host_payload.has(page_hashes, state_hash):
+            return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+        for h in page_hashes:
+            self.host.touch("p", h)
+        self.host.touch("s", state_hash)
+        kv = self.token_to_kv_pool_allocator.alloc(new_kv) if new_kv else None
+        slot = self.req_to_token_pool.mamba_allocator.alloc(1)
+        if (new_kv and kv is None) or slot is None:
+            if kv is not None:
+                self.token_to_kv_pool_allocator.free(kv)
+            if slot is not None:
+                self.req_to_token_pool.mamba_allocator.free(slot)
+            return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+        if self.host_payload is not None:
+            self.host_payload.load(page_hashes, kv, state_hash, slot)
+        import torch
+
+        value = torch.full((host_resume,), -1, dtype=torch.int64)
+        if new_kv:
+            value[kv_dev:] = kv
+        res = self.insert(
+            InsertParams(key=RadixKey(token_ids[:host_resume]), value=value, mamba_value=slot, prev_prefix_len=kv_dev)
+        )
+        if res.mamba_exist:
+            self.req_to_token_pool.mamba_allocator.free(slot)
+        m2 = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
+        if m2.device_prefix_len != host_resume:
+            raise AssertionError(f"host restore landed at {m2.device_prefix_len}, expected {host_resume}")
+        self.metrics.host_to_device_bytes += loaded
+        return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m2.last_device_node, loaded)
+
+    def match_prefix(self, params):
+        """Upstream's match; in serving mode it first restores a deeper host
+        resume point and records per-request metrics (device / host /
+        recomputed tokens, KV matched beyond the resume point)."""
+        if not self.serving or params.key is None or params.req is None:
+            return super().match_prefix(params)
+        key = params.key
+        toks = key.token_ids
+        host_tokens = 0
+        if self.host.enabled and len(toks) >= self.page_size:
+            hm = self.match_with_host(toks)
+            host_tokens = hm.host_hit_len
+        res = super().match_prefix(params)
+        resume = res.device_prefix_len
+        rid = getattr(params.req, "rid", None)
+        mt = self.metrics
+        mt.requests += 1
+        mt.input_tokens += len(toks)
+        mt.host_hit_tokens += host_tokens
+        mt.device_hit_tokens += resume - host_tokens
+        mt.recomputed_tokens += len(toks) - resume
+        if res.full_kv_hit_length > resume:
+            mt.kv_match_discarded_tokens += res.full_kv_hit_length - resume
+            mt.cut_back_requests += 1
+        if rid is not None:
+            self.host_hits_by_rid[rid] = host_tokens
+            if len(self.host_hits_by_rid) > 4096:
+                self.host_hits_by_rid.pop(next(iter(self.host_hits_by_rid)))
+        if resume > 0:
+            self.note_resume(res.last_device_node)
+        logger.info(
+            "hybrid-cache match rid=%s len=%d device=%d host=%d recomputed=%d kv_match_discarded=%d",
+            rid, len(toks), resume - host_tokens, host_tokens, len(toks) - resume,
+            max(0, res.full_kv_hit_length - resume),
+        )
+        return res
+
+    def _make_room(self, kv_tokens: int, slots: int) -> bool:
+        reserve = kv_tokens * self.kv_bytes_per_token + slots * self.state_bytes
+        if not self.enforce_budget(reserve):
+            return False
+        alloc = self.token_to_kv_pool_allocator
+        if alloc.available_size() < kv_tokens:
+            self.evict(EvictParams(num_tokens=kv_tokens - alloc.available_size()))
+        ma = self.req_to_token_pool.mamba_allocator
+        if ma.available_size() < slots:
+            self.evict(EvictParams(num_tokens=0, mamba_num=slots - ma.available_size()))
+        return alloc.available_size() >= kv_tokens and ma.available_size() >= slots
+
+    # --------------------------------------------------------- placement
+    PLACEMENT_KINDS = ("branch", "end", "coarse", "stride")
+
+    def placement(
+        self, prompt_len: int, resume_len: int, kv_hit_len: int, grid: int, coarse: int = 0, stride: int = 0
+    ) -> List[Tuple[int, str]]:
+        """(position, kind) pairs where a prefill should store checkpoints.
+
+        * ``branch`` and ``end``: :func:`checkpoint_positions`;
+        * ``coarse`` (``coarse`` > 0): the last ``coarse`` boundary of the prompt —
+          the boundary a next turn that re-tokenises the tail still shares;
+        * ``stride`` (``stride`` > 0): every ``stride`` tokens between the resume
+          point and the prompt end, so a later request diverging inside this
+          prompt finds a resume point nearby (thinned first by eviction: they
+          are interior checkpoints).
+
+        ``branch`` and ``coarse`` are always placed. ``end`` and ``stride`` are
+        opportunistic: placed while the joint device budget has free room for
+        them without evicting anything (always, when unbounded), and ``end``
+        also while it is warming up (fewer than ``placement_warmup`` stored) or
+        its observed hit rate (resumes landing on it / stored) is at least
+        ``min_hit_rate``. Where two kinds give one position, the first in
+        ``PLACEMENT_KINDS`` order names it.
+        """
+        cand: Dict[int, str] = {}
+        base = checkpoint_positions(prompt_len, resume_len, kv_hit_len, grid)
+        branch = (min(kv_hit_len, prompt_len) // grid) * grid
+        for p in base:
+            cand.setdefault(p, "branch" if p == branch else "end")
+        if coarse > 0:
+            c = (prompt_len // coarse) * coarse
+            if c > resume_len:
+                cand.setdefault(c, "coarse")
+        if stride > 0:
+            first = (resume_len // stride + 1) * stride
+            for p in range(first, prompt_len, stride):
+                cand.setdefault(p, "stride")
+        free = None
+        if self.device_budget_bytes is not None:
+            free = self.device_budget_bytes - self.device_used_bytes()
+        out = []
+        for p in sorted(cand):
+            kind = cand[p]
+            if kind in ("branch", "coarse"):
+                out.append((p, kind))
+            elif free is None or free >= self.state_bytes:
+                out.append((p, kind))
+                if free is not None:
+                    free -= self.state_bytes
+            elif kind == "end" and self._end_is_valuable():
+                out.append((p, kind))
+        return out
+
+    def _end_is_valuable(self) -> bool:
+        stored = self.kind_stored.get("end", 0)
+        if stored < self.placement_warmup:
+            return True
+        return self.kind_hits.get("end", 0) / stored >= self.min_hit_rate
+
+    def note_checkpoint(self, node_id, kind: str) -> None:
+        """Record that ``node_id`` now holds a checkpoint placed as ``kind``."""
+        self.kind_stored[kind] = self.kind_stored.get(kind, 0) + 1
+        self._node_kind[node_id] = kind
+        self.metrics.checkpoints_stored += 1
+
+    def note_resume(self, node_id) -> None:
+        """Record a resume at ``node_id`` (feeds the per-kind hit rates)."""
+        kind = self._node_kind.get(node_id)
+        if kind is not None:
+            self.kind_hits[kind] = self.kind_hits.get(kind, 0) + 1
+
+    # ------------------------------------------------------------ insert
+    def insert_checkpoint(self, token_ids, pos: int) -> bool:
+        """Insert KV of ``token_ids[0:pos]`` and a checkpoint at ``pos`` (aligned).
+
+        Fresh KV ids are allocated for the whole prefix; the part already in the
+        tree is returned to the allocator (as upstream's callers do). Returns
+        False when no state slot or KV room could be made.
+        """
+        if pos % self.page_size:
+            raise ValueError(f"pos={pos} is not a multiple of page_size={self.page_size}")
+        alloc = self.token_to_kv_pool_allocator
+        ma = self.req_to_token_pool.mamba_allocator
+        if not self._make_room(pos, 1):
+            return False
+        kv = alloc.alloc(pos)
+        slot = ma.alloc(1)
+        # The tree frees the part of ``kv`` that duplicates what it holds.
+        res = self.insert(InsertParams(key=RadixKey(token_ids[:pos]), value=kv, mamba_value=slot))
+        if res.mamba_exist:
+            ma.free(slot)
+        else:
+            self.note_checkpoint(res.last_device_node, "host")
+        return True
+
+
+class HostPayloadStore:
+    """Host copies of KV rows and checkpoint tensors, keyed like :class:`HostTier`.
+
+    KV is copied per evicted tree node (``kvcache.get_cpu_copy`` of its rows,
+    one tensor per layer) and addressed per page; a checkpoint is the state
+    pool's ``get_cpu_copy`` of its slot. Copies are synchronous (upstream's
+    copy helpers synchronise the device stream), so a restored entry is in
+    place before the scheduler uses it; on a GPU this is the simple, correct
+    path, not the overlapped one.
+    """
+
+    def __init__(self, cache: "HybridRadixCache"):
+        self.cache = cache
+        self._segments: Dict[int, Tuple[list, int]] = {}  # seg id -> (per-layer rows, live pages)
+        self._page_loc: Dict[bytes, Tuple[int, int]] = {}
+        self._states: Dict[bytes, object] = {}
+        self._next = 0
+
+    def _kv_pool(self):
+        kv = self.cache.token_to_kv_pool_allocator.get_kvcache()
+        return getattr(kv, "full_kv_pool", kv)
+
+    def _mamba_pool(self):
+        pool = self.cache.req_to_token_pool
+        return pool.mamba_pool, pool.translate_mamba_indices
+
+    def save_kv(self, page_hashes: List[bytes], indices) -> None:
+        import torch
+
+        todo = [i for i, h in enumerate(page_hashes) if h not in self._page_loc]
+        if not todo:
+            return
+        per_layer = self._kv_pool().get_cpu_copy(indices)
+        rows = [torch.cat(chunks) if len(chunks) else None for chunks in per_layer]
+        sid = self._next
+        self._next += 1
+        self._segments[sid] = [rows, len(todo)]
+        for i in todo:
+            self._page_loc[page_hashes[i]] = (sid, i)
+
+    def save_state(self, h: bytes, slot) -> None:
+        if h in self._states:
+            return
+        pool, translate = self._mamba_pool()
+        self._states[h] = pool.get_cpu_copy(translate(slot.view(-1)))
+
+    def drop(self, kind: str, h: bytes) -> None:
+        if kind == "s":
+            self._states.pop(h, None)
+            return
+        loc = self._page_loc.pop(h, None)
+        if loc is None:
+            return
+        seg = self._segments[loc[0]]
+        seg[1] -= 1
+        if seg[1] <= 0:
+            del self._segments[loc[0]]
+
+    def has(self, page_hashes: List[bytes], state_hash: bytes) -> bool:
+        return state_hash in self._states and all(h in self._page_loc for h in page_hashes)
+
+    def load(self, page_hashes: List[bytes], kv_indices, state_hash: bytes, slot) -> None:
+        import torch
+
+        page = self.cache.page_size
+        if page_hashes:
+            pool = self._kv_pool()
+            nlayers = len(self._segments[self._page_loc[page_hashes[0]][0]][0])
+            per_layer = []
+            for layer in range(nlayers):
+                parts = []
+                for h in page_hashes:
+                    sid, pi = self._page_loc[h]
+                    rows = self._segments[sid][0][layer]
+                    parts.append(None if rows is None else rows[pi * page : (pi + 1) * page])
+                if any(p is None for p in parts):
+                    per_layer.append([])
+                    continue
+                full = torch.cat(parts)
+                chunk = getattr(pool, "cpu_offloading_chunk_size", len(full)) or len(full)
+                per_layer.append([full[i : i + chunk] for i in range(0, len(full), chunk)])
+            pool.load_cpu_copy(per_layer, kv_indices)
+        mpool, translate = self._mamba_pool()
+        mpool.load_cpu_copy(self._states[state_hash], translate(slot.view(-1)))

@@ -1,0 +1,195 @@
+"""Serving wiring of :class:`HybridRadixCache` (issue #3).
+
+* ``register_radix_cache_backend("hybrid", factory)``: ``--radix-cache-backend hybrid``.
+* AROUND ``registry.default_radix_cache_factory``: with no ``--radix-cache-backend``
+  our hybrid architectures get the ``hybrid`` backend (upstream's chain for
+  everything else, and for ours when HiCache / LMCache / a disabled cache is asked for).
+* AROUND ``PrefillAdder._select_prefill_admission``: split a prefill chunk at the
+  branch point so both the branch point and the prompt end get checkpoints.
+* ``--hybrid-host-cache-gb G`` (AFTER ``ServerArgs.add_cli_args``; AROUND
+  ``ServerArgs.from_cli_args`` exports it as ``SGLANG_HYBRID_HOST_CACHE_GB`` to the
+  scheduler processes, since ``ServerArgs`` has no field for it).
+
+| component | ours | upstream 0.5.23 |
+|---|---|---|
+| tree, locks, allocators | upstream's ``UnifiedRadixCache`` (python tree core) | same |
+| checkpoint eviction order | interior first, then LRU | LRU |
+| branch point and prompt end in one chunk | both stored (the chunk is split at the branch point) | branch point only |
+| host tier | ``--hybrid-host-cache-gb``: KV pages + checkpoints, restored together | HiCache (GPU only) |
+| metrics | device / host / recomputed / KV matches discarded, per request in the log | cached_tokens |
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "hybrid"
+HOST_FLAG = "--hybrid-host-cache-gb"
+HOST_ENV = "SGLANG_HYBRID_HOST_CACHE_GB"
+
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+DEFAULT_FACTORY = "sglang.srt.mem_cache.registry.default_radix_cache_factory"
+SELECT_ADMISSION = "sglang.srt.managers.schedule_policy.PrefillAdder._select_prefill_admission"
+
+
+def _host_budget_bytes() -> int:
+    raw = os.environ.get(HOST_ENV, "0") or "0"
+    try:
+        gb = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{HOST_ENV} must be a number of GB, got {raw!r}") from exc
+    if gb < 0:
+        raise ValueError(f"{HOST_FLAG} must be >= 0, got {gb}")
+    return int(gb * 1_000_000_000)
+
+
+def _pool_bytes(params) -> tuple:
+    """(KV bytes per token over all full-attention layers, bytes of one state slot)."""
+    kv_b = st_b = 1
+    try:
+        kv = params.token_to_kv_pool_allocator.get_kvcache()
+        full = getattr(kv, "full_kv_pool", kv)
+        bufs = getattr(full, "kv_buffer", None)
+        if bufs:
+            kv_b = max(1, sum(b[0].numel() * b.element_size() for b in bufs if b.shape[0]))
+    except Exception as exc:  # byte sizes only feed metrics on the serving path
+        logger.warning("hybrid cache: KV bytes per token unknown (%s); metrics count tokens", exc)
+    try:
+        mc = params.req_to_token_pool.mamba_pool.mamba_cache
+        tensors = list(mc.conv) + [mc.temporal]
+        st_b = max(1, sum(t[:, 0].numel() * t.element_size() for t in tensors))
+    except Exception as exc:
+        logger.warning("hybrid cache: state bytes unknown (%s); metrics count slots", exc)
+    return kv_b, st_b
+
+
+def hybrid_cache_factory(ctx):
+    """Registered factory: ``HybridRadixCache`` for hybrid (KDA/GDN) models."""
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache
+
+    if not ctx.is_hybrid_ssm:
+        logger.info("hybrid cache: model has no recurrent layers; using upstream's UnifiedRadixCache")
+        return create_unified_radix_cache(ctx)
+    if ctx.enable_hierarchical_cache:
+        raise ValueError(
+            f"--radix-cache-backend {BACKEND_NAME} has its own host tier: use {HOST_FLAG} instead of "
+            "--enable-hierarchical-cache"
+        )
+    host = _host_budget_bytes()
+    kv_b, st_b = _pool_bytes(ctx.params)
+    chunk = getattr(ctx.server_args, "chunked_prefill_size", None)
+
+    def build(params):
+        return HybridRadixCache(
+            params,
+            kv_bytes_per_token=kv_b,
+            state_bytes=st_b,
+            host_budget_bytes=host,
+            host_payload=True,
+            serving=True,
+            chunked_prefill_size=chunk if chunk and chunk > 0 else None,
+        )
+
+    cache = create_unified_radix_cache(ctx, cache_class=build)
+    logger.info(
+        "hybrid cache: HybridRadixCache (KV %d B/token, checkpoint %d B, host tier %.3f GB)", kv_b, st_b, host / 1e9
+    )
+    return cache
+
+
+def _ours(ctx) -> bool:
+    from sglang_hybrid.models.kimi_k3 import ARCHITECTURE as KIMI_K3
+
+    archs = set(getattr(ctx.model_config.hf_config, "architectures", None) or [])
+    try:
+        from sglang_hybrid.models.qwen38 import ARCHITECTURE as QWEN38
+
+        ours = {KIMI_K3, QWEN38}
+    except ImportError:
+        ours = {KIMI_K3}
+    return bool(archs & ours)
+
+
+def _default_factory(original, ctx, *args, **kwargs):
+    from sglang.srt.runtime_context import get_memory
+
+    mem = get_memory()
+    if (
+        ctx.is_hybrid_ssm
+        and not ctx.disable_radix_cache
+        and not ctx.enable_hierarchical_cache
+        and not getattr(mem, "enable_lmcache", False)
+        and _ours(ctx)
+    ):
+        return hybrid_cache_factory(ctx)
+    return original(ctx, *args, **kwargs)
+
+
+def _add_flag(result, parser, *args, **kwargs):
+    if not any(HOST_FLAG in a.option_strings for a in parser._actions):
+        parser.add_argument(
+            HOST_FLAG,
+            type=float,
+            default=None,
+            help="sglang-hybrid: host-memory (CPU DRAM) tier of the hybrid radix cache in GB: KV pages and "
+            f"recurrent checkpoints evicted from the device are kept there and restored together (default 0 = off; "
+            f"same as {HOST_ENV}).",
+        )
+    return result
+
+
+def _export_flag(original, cls, args, *rest, **kwargs):
+    val = getattr(args, "hybrid_host_cache_gb", None)
+    if val is not None:
+        if val < 0:
+            raise ValueError(f"{HOST_FLAG} must be >= 0, got {val}")
+        os.environ[HOST_ENV] = repr(float(val))
+    return original(cls, args, *rest, **kwargs)
+
+
+def _split_at_branch_point(original, self, req, *args, **kwargs):
+    """End a prefill chunk at the branch point when the prompt end lies beyond it.
+
+    Upstream tracks one recurrent state per prefill chunk and, when the branch
+    point (``mamba_branching_seqlen``) falls inside the chunk, tracks the branch
+    point instead of the prompt end, so the next turn resumes one turn behind.
+    Ending the chunk at the branch point stores the branch checkpoint (a chunked
+    request's state is donated at the chunk end) and the next chunk reaches the
+    prompt end, which is stored at the end of the request: both resume points
+    exist. Only with our cache, with chunked prefill on, and when no other
+    request is mid-chunk (the scheduler tracks one chunked request).
+    """
+    adm = original(self, req, *args, **kwargs)
+    b = getattr(req, "mamba_branching_seqlen", None)
+    if b is None or not hasattr(adm, "extend_len") or adm.is_chunked:
+        return adm
+    from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache
+
+    if not isinstance(self.tree_cache, HybridRadixCache) or self.rem_chunk_tokens is None:
+        return adm
+    if kwargs.get("has_chunked_req") or getattr(self, "new_chunked_req", None) is not None:
+        return adm
+    grid = self.tree_cache._mamba_component().mamba_checkpoint_grid
+    start, end = adm.prefix_len, adm.prefix_len + adm.extend_len
+    if not (start < b < end) or (b - start) % grid or (end // grid) * grid <= b:
+        return adm
+    return type(adm)(adm.prefix_len, b - start, 0, True, adm.replay_len)
+
+
+def install() -> None:
+    """Register the backend, the default-selection hook and the flag (called by ``plugin.register``)."""
+    from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if BACKEND_NAME not in registered_radix_cache_backends():
+        register_radix_cache_backend(BACKEND_NAME, hybrid_cache_factory)
+    HookRegistry.register(DEFAULT_FACTORY, _default_factory, HookType.AROUND)
+    HookRegistry.register(SELECT_ADMISSION, _split_at_branch_point, HookType.AROUND)
+    HookRegistry.register(ADD_CLI_ARGS, _add_flag, HookType.AFTER)
+    HookRegistry.register(FROM_CLI_ARGS, _export_flag, HookType.AROUND)

@@ -1,0 +1,299 @@
+"""Unit and stateful property tests of HybridRadixCache over fake pools (issue #3).
+
+The cache under test is upstream's UnifiedRadixCache tree with our MAMBA / FULL
+components, joint budget and host tier; the pools are byte-accounted fakes
+(``sglang_hybrid.mem_cache.fake_pools``) whose ids are never reused, so a lost
+or doubly freed slot shows up in the capacity invariant.
+"""
+
+from __future__ import annotations
+
+import unittest
+from array import array
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+from sglang_hybrid.mem_cache.fake_pools import build_cache
+from sglang_hybrid.mem_cache.hybrid_radix_cache import (
+    HybridRadixCache,
+    checkpoint_grid,
+    checkpoint_positions,
+)
+
+PAGE = 16
+GRID = 64
+KVB = 100  # bytes per token
+STB = 6400  # bytes per checkpoint (= 64 tokens of KV)
+
+
+def toks(seed: int, n: int, base=None) -> array:
+    out = array("q", base or [])
+    out.extend(((seed * 7919 + i * 104729) % 50000) + 1 for i in range(n))
+    return out
+
+
+def hybrid(kv=100_000, slots=200, budget=None, host=0):
+    return build_cache(
+        "hybrid", kv, slots, page_size=PAGE, grid=GRID,
+        kv_bytes_per_token=KVB, state_bytes=STB, device_budget_bytes=budget, host_budget_bytes=host,
+    )
+
+
+def run_request(cache, alloc, pool, key: array, out_len: int = 5, upstream_finish: bool = False):
+    """One request as the scheduler would: match, lock, allocate, store checkpoints where
+    the cache places them, unlock; returns the resume length."""
+    hm = cache.match_with_host(key) if isinstance(cache, HybridRadixCache) else None
+    if hm is not None:
+        resume, kv_hit, node = hm.resume_len, hm.kv_hit_len, hm.last_node
+    else:
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(key)))
+        resume, kv_hit, node = m.device_prefix_len, m.full_kv_hit_length, m.last_device_node
+    lock = cache.inc_lock_ref(node)
+    need = len(key) + out_len - resume
+    if isinstance(cache, HybridRadixCache):
+        assert cache._make_room(need, 1)
+    req_kv = alloc.alloc(need)
+    assert req_kv is not None
+    adopted = resume
+    if isinstance(cache, HybridRadixCache):
+        positions = [p for p, _ in cache.placement(len(key), resume, kv_hit, GRID)]
+    else:
+        positions = [(len(key) // GRID) * GRID] if len(key) // GRID * GRID > resume else []
+    for pos in positions:
+        slot = pool.mamba_allocator.alloc(1)
+        if slot is None:
+            cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+            slot = pool.mamba_allocator.alloc(1)
+        value = torch.cat([torch.full((resume,), -1, dtype=torch.int64), req_kv[: pos - resume]])
+        ins = cache.insert(InsertParams(key=RadixKey(key[:pos]), value=value, mamba_value=slot, prev_prefix_len=adopted))
+        if ins.mamba_exist:
+            pool.mamba_allocator.free(slot)
+        elif isinstance(cache, HybridRadixCache):
+            cache.note_checkpoint(ins.last_device_node, "end")
+        adopted = pos
+    if adopted - resume < need:
+        alloc.free(req_kv[adopted - resume :])
+    cache.dec_lock_ref(node, lock.to_dec_params())
+    if isinstance(cache, HybridRadixCache):
+        cache.enforce_budget()
+    return resume
+
+
+def checkpoint_depths(cache):
+    """{node: depth} of every device checkpoint, depth counted from the root."""
+    out = {}
+    for node in cache.tree_core.lru_lists[ComponentType.MAMBA].cache.values():
+        d, x = 0, node
+        while x is not cache.tree_core.root_node:
+            d += len(x.key)
+            x = x.parent
+        out[node] = d
+    return out
+
+
+def assert_pool_invariants(tc, cache, alloc, pool):
+    # free + evictable + locked == capacity, per pool
+    tc.assertEqual(alloc.available_size() + cache.full_evictable_size() + cache.protected_size(), alloc.size)
+    ma = pool.mamba_allocator
+    tc.assertEqual(ma.available_size() + cache.mamba_evictable_size() + cache.mamba_protected_size(), ma.size)
+    # checkpoint depth == node depth and on the grid; no resume point without KV
+    for node, depth in checkpoint_depths(cache).items():
+        tc.assertEqual(depth % GRID, 0)
+        tc.assertIsNotNone(node.component_data[ComponentType.FULL].value)
+
+
+class TestPlacement(unittest.TestCase):
+    def test_positions(self):
+        # prompt end aligned down; branch point inside the KV match
+        self.assertEqual(checkpoint_positions(200, 0, 0, 64), [192])
+        self.assertEqual(checkpoint_positions(310, 0, 150, 64), [128, 256])
+        self.assertEqual(checkpoint_positions(310, 128, 150, 64), [256])  # resume already at the branch
+        self.assertEqual(checkpoint_positions(63, 0, 0, 64), [])
+        self.assertEqual(checkpoint_positions(128, 128, 128, 64), [])
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(ValueError, "grid"):
+            checkpoint_positions(10, 0, 0, 0)
+        with self.assertRaisesRegex(ValueError, "resume_len"):
+            checkpoint_positions(10, 64, 0, 64)
+        with self.assertRaisesRegex(ValueError, "grid sizes"):
+            checkpoint_grid(64, 0)
+
+    def test_grid_is_lcm_of_chunk_page_and_dcp_page(self):
+        self.assertEqual(checkpoint_grid(64, 16), 64)
+        self.assertEqual(checkpoint_grid(64, 64 * 8), 512)  # DCP8 widens page 64 to 512 (case K8)
+        self.assertEqual(checkpoint_grid(64, 48), 192)
+
+
+class TestHybridRadixCache(unittest.TestCase):
+    def test_second_turn_resumes_at_first_prompt_end(self):
+        """The one-turn-behind case: upstream stores the branch point, so turn 3 resumes at
+        turn 1's end; ours stores turn 2's prompt end too."""
+        results = {}
+        for policy in ("upstream", "hybrid"):
+            if policy == "hybrid":
+                cache, alloc, pool = hybrid()
+            else:
+                cache, alloc, pool = build_cache("upstream", 100_000, 200, page_size=PAGE, grid=GRID)
+            t1 = toks(1, 300)
+            t2 = toks(2, 200, base=t1)  # 500 tokens, extends turn 1
+            t3 = toks(3, 100, base=t2)
+            r1 = run_request(cache, alloc, pool, t1)
+            r2 = run_request(cache, alloc, pool, t2)
+            r3 = run_request(cache, alloc, pool, t3)
+            results[policy] = (r1, r2, r3)
+            if policy == "hybrid":
+                assert_pool_invariants(self, cache, alloc, pool)
+        self.assertEqual(results["hybrid"], (0, 256, 448))  # 300 -> 256, 500 -> 448
+        self.assertEqual(results["upstream"][:2], (0, 256))
+
+    def test_branch_point_and_deepest_resume(self):
+        cache, alloc, pool = hybrid()
+        a = toks(1, 200)
+        run_request(cache, alloc, pool, a)  # checkpoint at 192
+        b = toks(9, 100, base=a[:150])  # diverges at 150: KV match 144 (page 16), no state there
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(b)))
+        self.assertEqual((m.device_prefix_len, m.full_kv_hit_length), (0, 144))
+        run_request(cache, alloc, pool, b)  # stores the branch point 128 and its own end 192
+        c = toks(11, 70, base=a[:150])
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(c)))
+        self.assertEqual(m.device_prefix_len, 128)
+        depths = sorted(checkpoint_depths(cache).values())
+        self.assertEqual(depths, [128, 192, 192])
+        assert_pool_invariants(self, cache, alloc, pool)
+
+    def test_interior_checkpoints_are_evicted_first(self):
+        cache, alloc, pool = hybrid()
+        a = toks(1, 128)
+        run_request(cache, alloc, pool, a)  # checkpoint at 128
+        run_request(cache, alloc, pool, toks(2, 128, base=a))  # 256, makes 128 interior
+        other = toks(5, 128)
+        run_request(cache, alloc, pool, other)  # a leaf checkpoint, used *before* ... touch order:
+        # LRU order now: 128 (oldest), 256, other. Touch the interior one so plain LRU would keep it.
+        cache.match_prefix(MatchPrefixParams(key=RadixKey(a)))
+        res = cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+        self.assertEqual(res.mamba_num_evicted, 1)
+        self.assertEqual(sorted(checkpoint_depths(cache).values()), [128, 256])  # `other` (128) and the 256 one
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(a)))
+        self.assertEqual((m.device_prefix_len, m.full_kv_hit_length), (0, 128))  # downgraded, KV kept
+        assert_pool_invariants(self, cache, alloc, pool)
+
+    def test_joint_budget_holds_after_every_request(self):
+        budget = 40_000 + 3 * STB  # 400 tokens of KV + 3 checkpoints
+        cache, alloc, pool = hybrid(budget=budget)
+        for i in range(12):
+            run_request(cache, alloc, pool, toks(i, 150 + 10 * i))
+            self.assertLessEqual(cache.device_used_bytes(), budget)
+            assert_pool_invariants(self, cache, alloc, pool)
+
+    def test_host_tier_restores_kv_and_checkpoint_together(self):
+        budget = 30_000 + 2 * STB
+        cache, alloc, pool = hybrid(budget=budget, host=10**9)
+        sentinel = toks(42, 260)
+        run_request(cache, alloc, pool, sentinel)  # checkpoint 256
+        for i in range(6):  # push it out of the device budget
+            run_request(cache, alloc, pool, toks(100 + i, 250))
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(sentinel)))
+        self.assertEqual(m.full_kv_hit_length, 0, "sentinel still on device; test needs more pressure")
+        hm = cache.match_with_host(sentinel)
+        self.assertEqual((hm.resume_len, hm.device_resume_len, hm.host_hit_len), (256, 0, 256))
+        self.assertEqual(hm.loaded_bytes, 256 * KVB + STB)
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(sentinel)))
+        self.assertEqual(m.device_prefix_len, 256)  # now a device resume point
+        self.assertLessEqual(cache.device_used_bytes(), budget)
+        assert_pool_invariants(self, cache, alloc, pool)
+
+    def test_host_tier_off_recomputes(self):
+        cache, alloc, pool = hybrid(budget=30_000 + 2 * STB, host=0)
+        sentinel = toks(42, 260)
+        run_request(cache, alloc, pool, sentinel)
+        for i in range(6):
+            run_request(cache, alloc, pool, toks(100 + i, 250))
+        self.assertEqual(cache.match_with_host(sentinel).resume_len, 0)
+
+    def test_bad_arguments(self):
+        cache, alloc, pool = hybrid()
+        with self.assertRaisesRegex(ValueError, "page_size"):
+            cache.insert_checkpoint(toks(1, 100), 100)
+        with self.assertRaisesRegex(ValueError, "kv_bytes_per_token"):
+            hybrid_bad = build_cache("hybrid", 10, 2, page_size=PAGE, grid=GRID, kv_bytes_per_token=0)
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """Random insert / match / lock / unlock / evict / offload / restore / abort sequences."""
+
+    @initialize(host=st.sampled_from([0, 10**9]))
+    def setup(self, host):
+        self.cache, self.alloc, self.pool = hybrid(kv=5_000, slots=40, budget=60_000 + 6 * STB, host=host)
+        self.locks = []
+        self.prompts = [toks(s, 100 + 37 * s) for s in range(6)]
+        self.tc = unittest.TestCase()
+
+    @rule(i=st.integers(0, 5), extra=st.integers(0, 200))
+    def request(self, i, extra):
+        key = toks(50 + extra, extra, base=self.prompts[i])
+        run_request(self.cache, self.alloc, self.pool, key)
+
+    @rule(i=st.integers(0, 5))
+    def match_and_lock(self, i):
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(self.prompts[i])))
+        self.locks.append((m.last_device_node, self.cache.inc_lock_ref(m.last_device_node)))
+
+    @precondition(lambda self: self.locks)
+    @rule(data=st.data())
+    def unlock(self, data):
+        node, lock = self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1)))
+        self.cache.dec_lock_ref(node, lock.to_dec_params())
+
+    @rule(n=st.integers(1, 600), states=st.integers(0, 3))
+    def evict(self, n, states):
+        self.cache.evict(EvictParams(num_tokens=n, mamba_num=states))
+
+    @rule(i=st.integers(0, 5))
+    def restore_from_host(self, i):
+        hm = self.cache.match_with_host(self.prompts[i])
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(self.prompts[i])))
+        self.tc.assertEqual(m.device_prefix_len, hm.resume_len)
+
+    @rule(i=st.integers(0, 5))
+    def abort_after_match(self, i):
+        # admission fails right after the match: lock and release without inserting
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(self.prompts[i])))
+        lock = self.cache.inc_lock_ref(m.last_device_node)
+        kv = self.alloc.alloc(min(64, self.alloc.available_size()))
+        if kv is not None:
+            self.alloc.free(kv)
+        self.cache.dec_lock_ref(m.last_device_node, lock.to_dec_params())
+
+    @invariant()
+    def pools_balance(self):
+        if not hasattr(self, "cache"):
+            return
+        held = len(self.locks)
+        if held == 0:
+            self.tc.assertEqual(self.cache.protected_size(), 0)
+            self.tc.assertEqual(self.cache.mamba_protected_size(), 0)
+        assert_pool_invariants(self.tc, self.cache, self.alloc, self.pool)
+
+    def teardown(self):
+        while getattr(self, "locks", None):
+            node, lock = self.locks.pop()
+            self.cache.dec_lock_ref(node, lock.to_dec_params())
+        if hasattr(self, "cache"):
+            self.tc.assertEqual(self.cache.protected_size(), 0)
+            self.tc.assertEqual(self.cache.mamba_protected_size(), 0)
+
+
+CacheMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+TestCacheStateMachine = CacheMachine.TestCase
+
+
+if __name__ == "__main__":
+    unittest.main()
