@@ -43,6 +43,7 @@ class KernelConfig:
     lds_budget: int = 80 * 1024
     activation_dtype: str = "bf16"
     targets: tuple = tuple(TARGETS)
+    signature: Dict[str, str] = field(default_factory=dict)  # per-argument type overrides (e.g. "*fp8e4nv")
 
 
 @dataclass
@@ -72,6 +73,7 @@ def _signature(cfg: KernelConfig) -> Dict[str, str]:
             sig[p] = "fp32"
         else:
             sig[p] = "i64"
+    sig.update(cfg.signature)
     return sig
 
 
@@ -161,7 +163,81 @@ def kernel_configs() -> List[KernelConfig]:
         ("gdn_chunk_bv32", dict(H=16, HV=48, GATE=GATE_GDN, FACTORIZED=False)),
     ):
         out.append(KernelConfig(name, gated_delta_chunk_kernel, dict(K=128, V=128, **extra, **chunk), num_warps=8, targets=("sm90",)))
-    return out
+    return out + attention_moe_configs()
+
+
+def attention_moe_configs() -> List[KernelConfig]:
+    """MLA decode / verify, DCP merge, AttnRes + RMSNorm, MoE routing, QSA (issue 5), at the tiles the
+    dispatchers pick: Kimi K3 TP8 (12 MLA heads, latent 512 + rope 64, 896 experts top 16 + shared,
+    hidden 7168) and Qwen3.8 (QSA 12 query heads per KV head x 5 verify positions, head dim 128;
+    512 experts top 10 + shared). CUDA-only tiles are gated on sm_90, ROCm tiles on gfx942 / gfx950."""
+    from sgl_hybrid_kernel.attn_res.triton_attn_res import attn_res_rmsnorm_kernel
+    from sgl_hybrid_kernel.dcp.triton_merge import merge_partials_kernel
+    from sgl_hybrid_kernel.mla.triton_attention import mla_split_kv_kernel
+    from sgl_hybrid_kernel.moe.triton_routing import moe_gating_topk_kernel, moe_sorted_layout_kernel
+    from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel
+
+    i32, f32, bf16 = "*i32", "*fp32", "*bf16"
+    idx = {"page_table_ptr": i32, "kv_lens_ptr": i32, "qo_indptr_ptr": i32}
+
+    def mla_sig(kv):
+        return {"q_ptr": bf16, "kv_ptr": kv, "part_ptr": f32, "part_lse_ptr": f32, "sm_scale": "fp32", "kv_scale": "fp32", **idx}
+
+    mla = dict(R=512, P=64, PAGE_SIZE=1)
+    cuda_tile = dict(BLOCK_N=64, RC=512, RV=512)  # mla.attention.default_tile("cuda", rows <= 16)
+    hopper_smem = 227 * 1024  # sm_90's per-block limit: the 16-row Hopper tile runs one program per SM
+    cdna_tile = dict(BLOCK_N=16, RC=64, RV=128)  # default_tile("rocm", ...) and rows > 32 everywhere
+    route_sig = {"logits_ptr": f32, "bias_ptr": f32, "weights_ptr": f32, "ids_ptr": i32,
+                 "routed_scaling_factor": "fp32", "shared_weight": "fp32"}
+    layout_sig = {k: i32 for k in ("ids_ptr", "sorted_ids_ptr", "block_expert_ptr", "num_rows_ptr", "scratch_ptr")}
+    qsa_sig = {"q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "row_req_ptr": i32, "idx_ptr": i32, "o_ptr": bf16,
+               "lse_ptr": f32, "sm_scale": "fp32", **idx}
+    qsa = dict(G=12, D=128, DV=128, PAGE_SIZE=1, RATIO=4)
+    K = KernelConfig
+    return [
+        K("dcp_merge_dv512", merge_partials_kernel, dict(DV=512, BLOCK_DV=512, BLOCK_S=64),
+          signature={"part_ptr": f32, "part_lse_ptr": f32, "out_ptr": bf16, "lse_out_ptr": f32}),
+        K("mla_decode_h12_cuda", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cuda_tile), num_warps=8,
+          targets=("sm90",), lds_budget=hopper_smem, signature=mla_sig(bf16)),
+        K("mla_decode_h12_fp8_cuda", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, BLOCK_N=32, RC=512, RV=512),
+          targets=("sm90",), signature=mla_sig("*fp8e4nv")),
+        K("mla_decode_h12_cdna", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cdna_tile), signature=mla_sig(bf16)),
+        K("mla_decode_h12_fp8_gfx942", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cdna_tile),
+          targets=("gfx942",), signature=mla_sig("*fp8e4b8")),
+        K("mla_decode_h12_fp8_gfx950", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cdna_tile),
+          targets=("gfx950",), signature=mla_sig("*fp8e4nv")),
+        K("mla_decode_h32_cdna", mla_split_kv_kernel, dict(**mla, HB=32, BLOCK_M=32, **cdna_tile), signature=mla_sig(bf16)),
+        K("mla_decode_h128", mla_split_kv_kernel, dict(**mla, HB=64, BLOCK_M=64, **cdna_tile), num_warps=8,
+          signature=mla_sig(bf16)),
+        K("mla_verify_t5_h12", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=64, **cdna_tile), num_warps=8,
+          signature=mla_sig(bf16)),
+        K("attn_res_rmsnorm_d7168", attn_res_rmsnorm_kernel, dict(D=7168, BLOCK_D=8192, HAS_PREFIX=True, WRITE_BANK=True),
+          num_warps=16, signature={"prefix_ptr": bf16, "addend_ptr": bf16, "bank_ptr": bf16, "cw_ptr": f32,
+                                   "norm_w_ptr": bf16, "out_ptr": bf16, "head_ptr": bf16}),
+        K("moe_route_k3_e896_top16_shared", moe_gating_topk_kernel,
+          dict(TOPK=16, KPAD=32, G=1, EG=896, GPAD=1, EGPAD=1024, TOPK_GROUP=1, SCORING=0, HAS_BIAS=True, RENORM=True,
+               SHARED=1), signature=route_sig),
+        K("moe_route_qwen_e512_top10_shared", moe_gating_topk_kernel,
+          dict(TOPK=10, KPAD=16, G=1, EG=512, GPAD=1, EGPAD=512, TOPK_GROUP=1, SCORING=1, HAS_BIAS=False, RENORM=True,
+               SHARED=1), signature={**route_sig, "logits_ptr": bf16}),
+        K("moe_route_grouped_e256_g8", moe_gating_topk_kernel,
+          dict(TOPK=8, KPAD=8, G=8, EG=32, GPAD=8, EGPAD=32, TOPK_GROUP=4, SCORING=0, HAS_BIAS=True, RENORM=True,
+               SHARED=0), signature=route_sig),
+        K("moe_sorted_layout_2048", moe_sorted_layout_kernel, dict(BLOCK=2048, NE_PAD=1024, BLOCK_SIZE=16), num_warps=8,
+          signature=layout_sig),
+        K("moe_sorted_layout_4096_cuda", moe_sorted_layout_kernel, dict(BLOCK=4096, NE_PAD=1024, BLOCK_SIZE=16),
+          num_warps=32, targets=("sm90",), signature=layout_sig),
+        K("moe_sorted_layout_4096_cdna", moe_sorted_layout_kernel, dict(BLOCK=4096, NE_PAD=1024, BLOCK_SIZE=16),
+          num_warps=16, targets=("gfx942", "gfx950"), signature=layout_sig),
+        K("qsa_dense_t5_cuda", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=32, SPARSE=False), num_warps=4,
+          targets=("sm90",), signature=qsa_sig),
+        K("qsa_dense_t5_cdna", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=16, SPARSE=False), num_warps=8,
+          targets=("gfx942", "gfx950"), signature=qsa_sig),
+        K("qsa_sparse_cuda", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=32, SPARSE=True), num_warps=4,
+          targets=("sm90",), signature=qsa_sig),
+        K("qsa_sparse_cdna", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=16, SPARSE=True), num_warps=4,
+          targets=("gfx942", "gfx950"), signature=qsa_sig),
+    ]
 
 
 def run_gate(targets=tuple(TARGETS)) -> List[Report]:

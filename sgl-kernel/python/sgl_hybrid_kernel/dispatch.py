@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 _LOCK = threading.Lock()
 _CHOICES: Dict[str, "KernelChoice"] = {}
@@ -41,3 +41,92 @@ def chosen_paths() -> List[KernelChoice]:
     """All recorded choices, sorted by op name."""
     with _LOCK:
         return sorted(_CHOICES.values(), key=lambda c: c.op)
+
+
+# ---------------------------------------------------------------- op registry
+# Every op that joins the start-up table and the boot gates (issue 9) registers
+# here with two functions:
+#   plan(device) -> KernelChoice   ask the op's dispatcher what it picks on this
+#                                  torch.device for the shapes we serve (it calls
+#                                  record_choice, so the table lists it);
+#   gate(impl, device) -> GateResult
+#                                  run that implementation on a few tiny shapes on
+#                                  the device and compare with the plain-torch oracle.
+# Modules in OP_MODULES register their ops when imported; a new op family adds
+# its module to the list (sglang_hybrid.boot runs plans and gates at start-up).
+
+OP_MODULES: List[str] = [
+    "sgl_hybrid_kernel.delta_rule.ops",
+]
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One boot gate: ``impl`` of ``op`` against its oracle on ``cases`` (shapes, one line).
+
+    ``max_abs_err`` is the largest absolute difference over every output and
+    state compared; ``error`` holds the exception text if the path raised.
+    """
+
+    op: str
+    impl: str
+    max_abs_err: float
+    tolerance: float
+    cases: str
+    error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        # NaN compares False, so a NaN output fails the gate.
+        return self.error is None and self.max_abs_err <= self.tolerance
+
+
+@dataclass(frozen=True)
+class RegisteredOp:
+    """An op of the start-up table: ``plan`` and ``gate`` as described above."""
+
+    op: str
+    plan: Callable[[Any], KernelChoice]
+    gate: Callable[[str, Any], GateResult]
+    description: str = ""
+
+
+_OPS: Dict[str, RegisteredOp] = {}
+
+
+def register_op(op: str, plan: Callable[[Any], KernelChoice], gate: Callable[[str, Any], GateResult],
+                description: str = "") -> RegisteredOp:
+    """Register ``op`` (idempotent for the same functions).
+
+    Raises:
+        ValueError: ``op`` is already registered with different functions.
+    """
+    entry = RegisteredOp(op, plan, gate, description)
+    with _LOCK:
+        previous = _OPS.get(op)
+        if previous is not None and (previous.plan, previous.gate) != (plan, gate):
+            raise ValueError(f"op {op!r} is already registered by {previous.plan.__module__}")
+        _OPS[op] = entry
+    return entry
+
+
+def registered_ops() -> List[RegisteredOp]:
+    """Import every module of :data:`OP_MODULES` (they register on import); all ops, sorted by name."""
+    import importlib
+
+    for name in OP_MODULES:
+        importlib.import_module(name)
+    with _LOCK:
+        return sorted(_OPS.values(), key=lambda e: e.op)
+
+
+def max_abs_error(pairs) -> float:
+    """Largest ``|got - want|`` over ``(got, want)`` tensor pairs, compared in FP64 on the CPU
+    (NaN if any value is NaN, so the gate fails)."""
+    worst = 0.0
+    for got, want in pairs:
+        diff = (got.detach().double().cpu() - want.detach().double().cpu()).abs()
+        if diff.isnan().any():
+            return float("nan")
+        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+    return worst

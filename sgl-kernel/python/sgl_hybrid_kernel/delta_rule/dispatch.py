@@ -18,7 +18,9 @@ from typing import Optional
 
 import torch
 
+from sgl_hybrid_kernel.delta_rule.recurrent import device_value_tile_tuning
 from sgl_hybrid_kernel.dispatch import record_choice
+from sgl_hybrid_kernel.platform import device_platform
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,10 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
     if why:
         record_choice("delta_rule_decode", "torch", f"outside the Triton contract: {why}", log=logger)
         return "torch"
-    record_choice("delta_rule_decode", "triton", f"{kind}: triton_recurrent (value tiles by batch, T and layout)", log=logger)
+    tuning = device_value_tile_tuning(q.device)
+    tiles = (f"value tiles tuned for {tuning.name} ({tuning.source})" if tuning.tuned
+             else f"no tuned value-tile table for this device: {tuning.name}, {tuning.source}")
+    record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent; {tiles}", log=logger)
     return "triton"
 
 
@@ -71,5 +76,7 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
     if why:
         record_choice("delta_rule_prefill", "torch", f"outside the Triton contract: {why}", log=logger)
         return "torch"
-    record_choice("delta_rule_prefill", "triton", "cuda: triton_chunk BT=16 BV=32 num_warps=8", log=logger)
+    arch = device_platform(q.device).arch
+    tuned = "spill-free and measured on sm90" if arch == "sm90" else f"config measured on sm90, untuned on {arch}"
+    record_choice("delta_rule_prefill", "triton:bt16-bv32-w8", f"cuda: triton_chunk BT=16 BV=32 num_warps=8 ({tuned})", log=logger)
     return "triton"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 import torch
 import triton
@@ -14,25 +15,82 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     gated_delta_recurrent_kernel,
     gated_delta_replay_commit_kernel,
 )
+from sgl_hybrid_kernel.platform import device_platform
 
 
-def pick_value_tile(batch: int, num_v_heads: int, head_v_dim: int, tokens: int = 1, state_layout: str = "vk") -> int:
+@dataclass(frozen=True)
+class ValueTileTuning:
+    """Parameters of :func:`pick_value_tile`, measured on one (arch, compute-unit count).
+
+    ``num_compute_units`` SMs / CUs and ``waves``: decode narrows the tile until
+    ``B * HV * V / BV`` programs fill ``waves`` waves of the device. ``tuned`` is
+    False for the default built for a device no sweep has measured.
+    """
+
+    name: str
+    num_compute_units: int
+    waves: int = 2
+    tuned: bool = True
+    source: str = ""
+
+
+# Tuned tables, keyed by (arch, compute units): a table measured on one part
+# must not silently apply to a part with a different CU count (issue 9).
+VALUE_TILE_TUNED: Dict[Tuple[str, int], ValueTileTuning] = {
+    ("sm90", 132): ValueTileTuning("sm90x132", 132, 2, True, "H200 sweep 2026-11-29, benchmark/kernels/sweep_value_tile.py"),
+}
+# What tests and benchmarks on the CPU interpreter use (no device to ask).
+INTERPRETER_TUNING = VALUE_TILE_TUNED[("sm90", 132)]
+
+
+def value_tile_tuning(arch: Optional[str], num_compute_units: Optional[int]) -> ValueTileTuning:
+    """The tuned entry for ``(arch, num_compute_units)``, else the documented default:
+    the H200 rules with the wave target taken from this device's own CU count, marked
+    ``tuned=False`` (the start-up table says so)."""
+    entry = VALUE_TILE_TUNED.get((arch, num_compute_units))
+    if entry is not None:
+        return entry
+    cus = int(num_compute_units or INTERPRETER_TUNING.num_compute_units)
+    return ValueTileTuning(f"default({arch}x{cus})", cus, 2, False, "untuned: H200 rules, 2 waves of this device's CUs")
+
+
+def device_value_tile_tuning(device: torch.device) -> ValueTileTuning:
+    """:func:`value_tile_tuning` for a tensor's device (CPU tensors: the interpreter's table)."""
+    plat = device_platform(device)
+    if plat.device == "cpu":
+        return INTERPRETER_TUNING
+    return value_tile_tuning(*plat.key)
+
+
+def pick_value_tile(
+    batch: int,
+    num_v_heads: int,
+    head_v_dim: int,
+    tokens: int = 1,
+    state_layout: str = "vk",
+    tuning: Optional[ValueTileTuning] = None,
+) -> int:
     """Columns per program, from the H200 sweep (benchmark/kernels/sweep_value_tile.py, docs/kernels.md).
 
     * State stored V-major (``"vk"``, SGLang's KDA pool): a column is a contiguous
       K-vector, so narrow tiles stay coalesced; go narrow until ``B * HV * V / BV``
-      programs reach ~2 waves of 132 SMs (B=1: 4 columns), wider for verify
-      windows (T > 1), whose per-token reductions favour fewer, wider programs.
+      programs reach ``tuning.waves`` waves of ``tuning.num_compute_units`` (H200:
+      2 waves of 132 SMs, B=1: 4 columns), wider for verify windows (T > 1), whose
+      per-token reductions favour fewer, wider programs.
     * State stored K-major (``"kv"``, fla): a tile reads ``BV`` contiguous floats
       per row, so tiles below 32 columns waste memory transactions.
+
+    ``tuning`` defaults to :data:`INTERPRETER_TUNING` (the H200 table); the
+    wrappers pass the tensor device's entry (:func:`device_value_tile_tuning`).
     """
+    tuning = tuning or INTERPRETER_TUNING
     vmax = triton.next_power_of_2(head_v_dim)
     if state_layout == "kv":
         return min(64 if batch * num_v_heads >= 512 else 32, vmax)
     if tokens > 1:
         return min(4 if batch == 1 else 64, vmax)
     bv = 32
-    while bv > 4 and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < 2 * 132:
+    while bv > 4 and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.waves * tuning.num_compute_units:
         bv //= 2
     return min(bv, vmax)
 
@@ -120,7 +178,7 @@ def gated_delta_recurrent_triton(
 
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
     o = out if out is not None else torch.empty_like(v)
-    BV = value_tile or pick_value_tile(B, HV, V, T, state_layout)
+    BV = value_tile or pick_value_tile(B, HV, V, T, state_layout, device_value_tile_tuning(q.device))
     fused_replay = replay_prev is not None
     if fused_replay and (accept_prev is None or (replay_buffer is not None and replay_prev.data_ptr() == replay_buffer.data_ptr())):
         raise ValueError("replay_prev needs accept_prev and must be a different buffer from replay_buffer (ping-pong)")
@@ -188,7 +246,7 @@ def replay_commit(
     else:
         s0, s1, s2, s3 = state.stride()
         s = (s0, s1, s3, s2)
-    BV = value_tile or pick_value_tile(B, HV, V, Tm1 + 1, state_layout)
+    BV = value_tile or pick_value_tile(B, HV, V, Tm1 + 1, state_layout, device_value_tile_tuning(state.device))
     gated_delta_replay_commit_kernel[(triton.cdiv(V, BV), B * HV)](
         state, state_indices, accept_lens, replay_buffer, *s, replay_buffer.stride(0),
         T=Tm1 + 1, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, PER_CHANNEL=gate == "kda",

@@ -62,3 +62,96 @@ def mla_attention_absorbed(
     probs = torch.exp(scores - lse.unsqueeze(-1))
     o_lat = torch.einsum("ths,sr->thr", probs, latent.to(acc))
     return o_lat.to(q_lat.dtype), lse
+
+
+def latent_cache_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """View a paged latent cache as ``[num_pages * page_size, D]`` token rows.
+
+    Accepts ``[num_pages, page_size, D]``, ``[num_pages, page_size, 1, D]`` (aiter's
+    layout) or SGLang's ``[slots, 1, D]`` / ``[slots, D]`` (page size 1).
+
+    Raises:
+        ValueError: any other rank, or a KV-head dim other than 1.
+    """
+    if kv_cache.dim() == 4:
+        if kv_cache.shape[2] != 1:
+            raise ValueError(f"kv_cache must have one latent KV head, got shape {tuple(kv_cache.shape)}")
+        kv_cache = kv_cache.squeeze(2)
+    if kv_cache.dim() == 3:
+        return kv_cache.reshape(-1, kv_cache.shape[-1])
+    if kv_cache.dim() == 2:
+        return kv_cache
+    raise ValueError(f"kv_cache must be 2-, 3- or 4-D, got shape {tuple(kv_cache.shape)}")
+
+
+def mla_attention_paged_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    sm_scale: float,
+    page_size: int = 1,
+    qo_indptr: torch.Tensor = None,
+    kv_lora_rank: int = 512,
+    kv_scale: float = 1.0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """MLA attention (absorbed) of new query rows over a paged latent cache: decode, verify and extend.
+
+    Request ``b`` has ``T_b = qo_indptr[b+1] - qo_indptr[b]`` query rows (decode:
+    1) and ``L_b = kv_lens[b]`` cache positions, the new tokens' own rows already
+    written; its query row ``t`` sees positions ``[0, L_b - T_b + t]`` (causal; a
+    decode row sees the whole history). Position ``p`` lives in cache row
+    ``page_table[b, p // page_size] * page_size + p % page_size``.
+
+    Args:
+        q: ``[N, H, R + P]``: absorbed latent query (first ``R = kv_lora_rank``
+            columns) and rope query (last ``P``).
+        kv_cache: paged latent cache, see ``latent_cache_rows``; each row is the
+            latent ``c`` (first ``R``) then ``k_pe``. BF16/FP16/FP32, or FP8 with
+            ``kv_scale`` (dequantised value = stored value * ``kv_scale``).
+        page_table: ``[B, max_pages]`` int page ids.
+        kv_lens: ``[B]`` int positions per request (0 allowed: its rows give ``(0, -inf)``).
+        sm_scale: softmax scale (``qk_head_dim ** -0.5`` of the unabsorbed head).
+        qo_indptr: ``[B + 1]`` query row offsets (default: one row per request).
+        kv_lora_rank: ``R`` (512 for Kimi K3 / DeepSeek-V3).
+
+    Returns:
+        ``(o [N, H, R] in q.dtype, lse [N, H] FP32, FP64 for FP64 queries)``: LSE
+        is the natural log of ``sum exp(sm_scale * score)``; ``-inf`` where a row
+        sees no position.
+
+    Raises:
+        ValueError: inconsistent shapes.
+    """
+    rows = latent_cache_rows(kv_cache)
+    N, H, D = q.shape
+    if rows.shape[-1] != D:
+        raise ValueError(f"q head dim {D} != cache row dim {rows.shape[-1]}")
+    B = kv_lens.shape[0]
+    if qo_indptr is None:
+        if N != B:
+            raise ValueError(f"q has {N} rows but kv_lens has {B} requests and no qo_indptr was given")
+        qo_indptr = torch.arange(B + 1)
+    if qo_indptr.shape[0] != B + 1:
+        raise ValueError(f"qo_indptr must have {B + 1} entries, got {qo_indptr.shape[0]}")
+    acc = torch.promote_types(q.dtype, torch.float32)
+    o = torch.zeros(N, H, kv_lora_rank, dtype=acc, device=q.device)
+    lse = torch.full((N, H), float("-inf"), dtype=acc, device=q.device)
+    qo = qo_indptr.tolist()
+    for b in range(B):
+        L, t0, t1 = int(kv_lens[b]), qo[b], qo[b + 1]
+        T = t1 - t0
+        if T == 0 or L == 0:
+            continue
+        pos = torch.arange(L, device=q.device)
+        slots = page_table[b, pos // page_size].long() * page_size + pos % page_size
+        kv = rows[slots].to(acc) * kv_scale  # [L, D]
+        scores = torch.einsum("thd,sd->ths", q[t0:t1].to(acc), kv) * sm_scale
+        limit = L - T + torch.arange(T, device=q.device)
+        scores = scores.masked_fill((pos[None, :] > limit[:, None]).unsqueeze(1), float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)  # [T, H]
+        seen = ~torch.isneginf(row_lse)
+        probs = torch.where(seen.unsqueeze(-1), torch.exp(scores - row_lse.unsqueeze(-1)), torch.zeros(()))
+        o[t0:t1] = torch.einsum("ths,sr->thr", probs, kv[:, :kv_lora_rank])
+        lse[t0:t1] = row_lse
+    return o.to(q.dtype), lse
