@@ -2,23 +2,24 @@
 #   make install   venv in .venv with pinned sglang==0.5.23 + our packages (idempotent)
 #   make test      the test suite (what .ci/run calls)
 #   make demo      tiny Kimi K3 model -> server -> Mooncake trace replay -> summary
+#   make docker    image for PLATFORM=rocm|cuda (default: the detected device); docs/rocm.md
 #
 # DEVICE=cpu|cuda|rocm overrides the detection below. On cpu the CPU-feasible
 # subset of sglang's requirements is installed from python/requirements/cpu.txt,
-# then sglang itself with --no-deps, then our packages and the CPU sgl_kernel shim.
+# then sglang itself with --no-deps, then our packages and the CPU sgl_kernel shim
+# (the steps live in scripts/install.sh, which the Docker images run too).
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check -q
 SGLANG_VERSION := 0.5.23
 TORCH_VERSION := 2.14.1
 TORCHVISION_VERSION := 0.29.1
 DEVICE ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo cuda; \
                   elif [ -e /dev/kfd ]; then echo rocm; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(DEVICE)
-INSTALL_INPUTS := Makefile python/pyproject.toml sgl-kernel/pyproject.toml sgl-kernel/cpu_shim/pyproject.toml \
+INSTALL_INPUTS := Makefile scripts/install.sh python/pyproject.toml sgl-kernel/pyproject.toml sgl-kernel/cpu_shim/pyproject.toml \
                   python/requirements/cpu.txt python/requirements/test.txt
 
 TINY_MODEL ?= models/kimi-k3-tiny
@@ -30,24 +31,14 @@ export SGLANG_USE_CPU_ENGINE := $(if $(filter cpu,$(DEVICE)),1,0)
 .PHONY: install test demo tiny-model clean help
 
 help:
-	@sed -n '2,9p' Makefile
+	@sed -n '2,11p' Makefile
 
 install: $(STAMP)
 
 $(STAMP): $(INSTALL_INPUTS)
 	@echo ">> installing into $(VENV) for DEVICE=$(DEVICE)"
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
-ifeq ($(DEVICE),cpu)
-	$(PIP) install -r python/requirements/cpu.txt
-	$(PIP) install --no-deps sglang==$(SGLANG_VERSION)
-	$(PIP) install --no-deps -e sgl-kernel -e python -e sgl-kernel/cpu_shim
-else
-	$(PIP) install sglang==$(SGLANG_VERSION)
-	$(PIP) install --no-deps -e sgl-kernel -e python
-endif
-	$(PIP) install -r python/requirements/test.txt
-	$(PY) -c "import sglang, sglang_hybrid, sgl_hybrid_kernel; print('sglang', sglang.__version__, 'OK')"
+	PYTHON=$(PYTHON) SGLANG_VERSION=$(SGLANG_VERSION) TORCH_VERSION=$(TORCH_VERSION) TORCHVISION_VERSION=$(TORCHVISION_VERSION) \
+	  bash scripts/install.sh --device $(DEVICE) --venv $(VENV)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -83,3 +74,22 @@ bench: tiny-model
 	  || echo ">> aiperf could not be installed; the cross-check will say so"
 	$(PY) -m sglang_hybrid.bench.suite --model-path $(TINY_MODEL) --device $(DEVICE) --out-dir $(BENCH_OUT) \
 	  --aiperf-bin $(AIPERF) $(BENCH_ARGS)
+
+# make docker [PLATFORM=rocm|cuda] [GPU_FAMILY=mi35x|mi30x] [DOCKER_TAG=...] [DOCKER_BUILD_ARGS=...]
+# Builds docker/Dockerfile.$(PLATFORM) on upstream's image of sglang $(SGLANG_VERSION); the
+# image runs scripts/install.sh --packages-only. GPU_FAMILY picks the ROCm base:
+# mi35x = MI355X / MI350X / MI350P (gfx950), mi30x = MI300X / MI325X (gfx942).
+DOCKER ?= docker
+PLATFORM ?= $(DEVICE)
+GPU_FAMILY ?= mi35x
+DOCKER_TAG ?= sglang-hybrid:$(SGLANG_VERSION)-$(PLATFORM)$(if $(filter rocm,$(PLATFORM)),-$(GPU_FAMILY))
+DOCKER_BUILD_ARGS ?=
+
+.PHONY: docker
+docker:
+	@case "$(PLATFORM)" in rocm|cuda) ;; \
+	  *) echo "make docker: no image for PLATFORM=$(PLATFORM) (detected device: $(DEVICE)); use PLATFORM=rocm or PLATFORM=cuda" >&2; exit 2;; esac
+	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make docker: '$(DOCKER)' not found: install a Docker engine (docs/rocm.md), or set DOCKER=podman" >&2; exit 2; }
+	@$(DOCKER) info >/dev/null 2>&1 || { echo "make docker: '$(DOCKER) info' failed: no Docker engine is reachable (daemon not running, or no permission on its socket)" >&2; exit 2; }
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/Dockerfile.$(PLATFORM) --build-arg SGLANG_VERSION=$(SGLANG_VERSION) \
+	  $(if $(filter rocm,$(PLATFORM)),--build-arg GPU_FAMILY=$(GPU_FAMILY)) $(DOCKER_BUILD_ARGS) -t $(DOCKER_TAG) .

@@ -1,0 +1,69 @@
+"""Where the boot gates hook into upstream's start-up (anchors checked in ``anchors.py``).
+
+* AFTER ``ServerArgs.add_cli_args``: add ``--skip-boot-gates`` to upstream's parser.
+  ``ServerArgs`` is a closed record, so the flag is not a field: AROUND
+  ``ServerArgs.from_cli_args`` turns it into ``SGLANG_HYBRID_SKIP_BOOT_GATES=1`` in the
+  launcher's environment, which every scheduler process inherits.
+* BEFORE ``ModelRunner.load_model``: in each scheduler process, after the device is
+  set and before the weights load (so a bad kernel fails fast, before minutes of
+  loading), log the op table and run the gates once. A :class:`BootGateError`
+  raised there reaches upstream's scheduler launcher, which logs it and stops the
+  server (the launcher exits non-zero).
+"""
+
+from __future__ import annotations
+
+import os
+
+from sglang_hybrid.boot.gates import SKIP_ENV, SKIP_FLAG, run_boot
+
+_BOOTED = False
+
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+
+
+def _add_skip_flag(result, parser, *args, **kwargs):
+    if not any(SKIP_FLAG in a.option_strings for a in parser._actions):
+        parser.add_argument(
+            SKIP_FLAG, action="store_true", default=False,
+            help="sglang-hybrid: start even if a kernel path fails its start-up numerical check (boot gate) "
+                 f"against the torch reference. Same as {SKIP_ENV}=1.",
+        )
+    return result
+
+
+def _export_skip_flag(original, cls, args, *rest, **kwargs):
+    if getattr(args, "skip_boot_gates", False):
+        os.environ[SKIP_ENV] = "1"
+    return original(cls, args, *rest, **kwargs)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def boot_once() -> None:
+    """Op table + boot gates, once per process (a draft model's runner does not repeat them)."""
+    global _BOOTED
+    if _BOOTED:
+        return
+    _BOOTED = True
+    run_boot(full_log=_rank() == 0)
+
+
+def _before_load_model(*args, **kwargs):
+    boot_once()
+    return None
+
+
+def install() -> None:
+    """Register the three hooks (called by ``plugin.register``)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(ADD_CLI_ARGS, _add_skip_flag, HookType.AFTER)
+    HookRegistry.register(FROM_CLI_ARGS, _export_skip_flag, HookType.AROUND)
+    HookRegistry.register(LOAD_MODEL, _before_load_model, HookType.BEFORE)
