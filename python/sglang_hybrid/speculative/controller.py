@@ -1,0 +1,212 @@
+"""Speculative depth by cycle cost: choose the draft depth that commits the most tokens per second.
+
+Issue 7 (and seeds-digest item 11). Before each decode step, for the running batch,
+
+    rate(k) = E[committed | k] / T(k, batch),   E[committed | k] = 1 + sum_{i<=k} P_i,
+
+over the draft depths ``k`` whose graphs / buffers exist (``k = 0`` commits one token with
+no draft cost). ``P_i`` comes from :class:`~.acceptance.AcceptanceEstimator`, ``T`` from
+:class:`~.cycle_cost.CycleCostTable`. The controller moves to the argmax only when it
+beats the current depth of that batch-size bucket by more than ``hysteresis`` (relative),
+so ``k`` does not flap on noise.
+
+Start-up profile and refresh (local, so a large batch never pays for its deepest depths):
+a depth never measured in a bucket is costed as the prior scaled by the bucket's measured
+cells (:class:`~.cycle_cost.CycleCostTable`). After each decision, a neighbour of the chosen
+depth (``k + 1``, then ``k - 1``) with fewer than ``profile_cycles`` measurements in the
+bucket is run instead (at most ``profile_cycles`` times), so the search climbs the measured
+rate curve; a neighbour not run for ``refresh_cycles`` steps of the bucket is run once, so
+its cost (and, for ``k + 1``, the acceptance of one more position) does not go stale.
+Cells seeded with ``profile_cycles`` or more :meth:`DepthController.record_cycle_cost` calls are not profiled.
+
+Only numpy; no SGLang import (the SGLang policy adapter is ``controller_hooks.py``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, Hashable, Mapping, Optional, Sequence
+
+from .acceptance import AcceptanceEstimator
+from .cycle_cost import CycleCostTable, batch_bucket
+
+
+def select_depth(
+    expected_committed: Mapping[int, float],
+    cycle_seconds: Mapping[int, float],
+    *,
+    current: Optional[int] = None,
+    hysteresis: float = 0.0,
+) -> int:
+    """Depth maximising ``expected_committed[k] / cycle_seconds[k]``, staying at ``current`` unless beaten.
+
+    Args:
+        expected_committed: ``{k: tokens per request per cycle}`` for every available depth.
+        cycle_seconds: ``{k: seconds per cycle}``, same keys, all > 0.
+        current: the depth in use (kept unless the best rate exceeds its rate × (1 + hysteresis)).
+        hysteresis: relative margin >= 0.
+
+    Raises:
+        ValueError: empty or mismatched keys, a non-positive cost, negative ``hysteresis``.
+    """
+    if not expected_committed or set(expected_committed) != set(cycle_seconds):
+        raise ValueError(
+            f"expected_committed and cycle_seconds must have the same non-empty depth keys, "
+            f"got {sorted(expected_committed)} and {sorted(cycle_seconds)}"
+        )
+    if hysteresis < 0:
+        raise ValueError(f"hysteresis must be >= 0, got {hysteresis!r}")
+    rates = {}
+    for k, tokens in expected_committed.items():
+        t = cycle_seconds[k]
+        if not t > 0:
+            raise ValueError(f"cycle_seconds[{k}] must be > 0, got {t!r}")
+        rates[k] = tokens / t
+    best = max(sorted(rates), key=lambda k: rates[k])  # ties: the smaller depth
+    if current is not None and current in rates and rates[best] <= rates[current] * (1.0 + hysteresis):
+        return current
+    return best
+
+
+class DepthController:
+    """Online draft-depth controller (acceptance estimator + cycle-cost table + hysteresis).
+
+    Args:
+        depths: available draft depths (e.g. ``[0, 1, 3, 5, 7]``); ``max(depths) >= 1``.
+        acceptance: an :class:`~.acceptance.AcceptanceEstimator` with ``max_depth == max(depths)``
+            (default: one with its default half-lives and priors).
+        costs: a :class:`~.cycle_cost.CycleCostTable` over ``depths`` (default: parametric prior).
+        hysteresis: relative rate margin needed to leave the current depth (default 2 %).
+        profile_cycles: measurements a neighbouring depth gets before the search moves on (0: none).
+        refresh_cycles: steps of a bucket after which a neighbouring depth is re-run once (0: never).
+
+    Raises:
+        ValueError: bad ``depths``, ``hysteresis < 0``, ``profile_cycles`` or ``refresh_cycles`` < 0,
+            an estimator or table that does not match ``depths``.
+    """
+
+    def __init__(
+        self,
+        depths: Sequence[int],
+        *,
+        acceptance: Optional[AcceptanceEstimator] = None,
+        costs: Optional[CycleCostTable] = None,
+        hysteresis: float = 0.02,
+        profile_cycles: int = 2,
+        refresh_cycles: int = 200,
+    ):
+        depths = sorted(set(int(k) for k in depths))
+        if not depths or depths[0] < 0 or depths[-1] < 1:
+            raise ValueError(f"depths must be ints >= 0 with at least one depth >= 1, got {depths!r}")
+        if hysteresis < 0:
+            raise ValueError(f"hysteresis must be >= 0, got {hysteresis!r}")
+        if profile_cycles < 0:
+            raise ValueError(f"profile_cycles must be >= 0, got {profile_cycles!r}")
+        if refresh_cycles < 0:
+            raise ValueError(f"refresh_cycles must be >= 0, got {refresh_cycles!r}")
+        self.depths = depths
+        self.hysteresis = float(hysteresis)
+        self.profile_cycles = int(profile_cycles)
+        self.refresh_cycles = int(refresh_cycles)
+        self.acceptance = acceptance if acceptance is not None else AcceptanceEstimator(depths[-1])
+        if self.acceptance.max_depth != depths[-1]:
+            raise ValueError(f"acceptance.max_depth={self.acceptance.max_depth} != max(depths)={depths[-1]}")
+        self.costs = costs if costs is not None else CycleCostTable(depths)
+        if self.costs.depths != depths:
+            raise ValueError(f"costs.depths={self.costs.depths} != depths={depths}")
+        self._current: Dict[int, int] = {}
+        self._profile_tries: Counter = Counter()
+        self._bucket_steps: Counter = Counter()
+        self._last_run: Dict[tuple, int] = {}  # (bucket, depth) -> bucket step
+        self.chosen: Dict[int, Counter] = {}  # bucket -> Counter(depth)
+        self.cycles = 0
+
+    # ---- decisions -----------------------------------------------------------------------
+    def expected_committed(self, request_ids: Optional[Sequence[Hashable]] = None) -> Dict[int, float]:
+        """``{k: E[committed | k]}`` (tokens per request per cycle) for every available depth."""
+        p = self.acceptance.survival(request_ids)
+        cum = [0.0]
+        for value in p:
+            cum.append(cum[-1] + float(value))
+        return {k: 1.0 + cum[k] for k in self.depths}
+
+    def rates(self, batch_size: int, request_ids: Optional[Sequence[Hashable]] = None) -> Dict[int, float]:
+        """``{k: committed tokens per second}`` for the whole batch of ``batch_size`` requests."""
+        committed = self.expected_committed(request_ids)
+        return {k: batch_size * committed[k] / self.costs.estimate(k, batch_size) for k in self.depths}
+
+    def choose_depth(self, batch_size: int, request_ids: Optional[Sequence[Hashable]] = None) -> int:
+        """The draft depth for the next decode step of a batch of ``batch_size`` requests.
+
+        Args:
+            batch_size: requests in the batch (>= 1).
+            request_ids: the batch's request ids (per-request acceptance), or ``None`` (pooled).
+
+        Raises:
+            ValueError: ``batch_size < 1``.
+        """
+        bucket = batch_bucket(batch_size)
+        step = self._bucket_steps[bucket] = self._bucket_steps[bucket] + 1
+        committed = self.expected_committed(request_ids)
+        seconds = {k: self.costs.estimate(k, batch_size) for k in self.depths}
+        depth = select_depth(committed, seconds, current=self._current.get(bucket), hysteresis=self.hysteresis)
+        self._current[bucket] = depth
+        depth = self._explore_depth(bucket, batch_size, depth, step)
+        self._last_run[(bucket, depth)] = step
+        self.chosen.setdefault(bucket, Counter())[depth] += 1
+        self.cycles += 1
+        return depth
+
+    def _explore_depth(self, bucket: int, batch_size: int, depth: int, step: int) -> int:
+        i = self.depths.index(depth)
+        neighbours = [self.depths[j] for j in (i + 1, i - 1) if 0 <= j < len(self.depths)]
+        for k in neighbours:
+            if (self.costs.count(k, batch_size) < self.profile_cycles
+                    and self._profile_tries[(bucket, k)] < self.profile_cycles):
+                self._profile_tries[(bucket, k)] += 1
+                return k
+        if self.refresh_cycles:
+            for k in neighbours:
+                if step - self._last_run.get((bucket, k), 0) > self.refresh_cycles:
+                    return k
+        return depth
+
+    # ---- feedback ------------------------------------------------------------------------
+    def observe(self, accept_lengths: Sequence[int], depth: int,
+                request_ids: Optional[Sequence[Hashable]] = None) -> None:
+        """Accepted drafts per request of one verified cycle at ``depth`` (see ``AcceptanceEstimator.observe``)."""
+        self.acceptance.observe(accept_lengths, depth, request_ids)
+
+    def record_cycle_cost(self, depth: int, batch_size: int, seconds: float) -> None:
+        """One measured (or seeded) full cycle at ``depth`` for ``batch_size`` requests, in seconds."""
+        self.costs.record(depth, batch_size, seconds)
+
+    # ---- reporting -----------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """JSON-ready snapshot: chosen-depth histogram, acceptance curve, measured cycle costs."""
+        total: Counter = Counter()
+        for counts in self.chosen.values():
+            total.update(counts)
+        committed = self.expected_committed()
+        return {
+            "depths": list(self.depths),
+            "cycles": self.cycles,
+            "chosen_depth_histogram": {str(k): total[k] for k in self.depths},
+            "chosen_depth_by_bucket": {
+                str(b): {str(k): c[k] for k in self.depths if c[k]} for b, c in sorted(self.chosen.items())
+            },
+            "acceptance_curve": [round(float(p), 4) for p in self.acceptance.survival()],
+            "expected_committed": {str(k): round(v, 4) for k, v in committed.items()},
+            "cycle_cost_s": self.costs.as_dict(),
+        }
+
+    def format_log_line(self) -> str:
+        """One line for the periodic log: histogram, ``P_i`` curve, cost per bucket (ms)."""
+        m = self.metrics()
+        hist = " ".join(f"{k}:{n}" for k, n in m["chosen_depth_histogram"].items() if n)
+        curve = " ".join(f"{p:.2f}" for p in m["acceptance_curve"])
+        costs = "; ".join(
+            f"b{b} " + " ".join(f"k{k}={cell['seconds'] * 1e3:.2f}" for k, cell in cells.items())
+            for b, cells in m["cycle_cost_s"].items()
+        )
+        return f"spec depth controller: cycles={m['cycles']} chosen k [{hist}] P_i [{curve}] T_cycle ms [{costs}]"
