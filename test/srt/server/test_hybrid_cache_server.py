@@ -1,0 +1,192 @@
+"""The hybrid radix cache through the real server: cases K1, K2, K3, K5, K6, K7, K12 (issue #3).
+
+One server with our cache (the default for the tiny Kimi K3 model; page 16,
+chunked prefill 256, small pools and a host tier so eviction and host restores
+happen), then one with ``--disable-radix-cache`` for the reference outputs; they
+run one after the other. Upstream's idle invariant checker runs in strict mode
+(``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1``): a pool whose free + evictable
++ locked != capacity raises in the scheduler and kills the server, so "still
+healthy after idle" is the leak oracle for K12.
+
+Expected ``cached_tokens`` (grid = lcm(chunk 64, page 16) = 64): a prompt resumes
+at the deepest checkpoint strictly before its last token; checkpoints sit at
+prompt ends aligned down to 64 and at branch points (aligned KV match).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import re
+import time
+import unittest
+
+import requests
+
+from sglang.test.test_utils import CustomTestCase
+from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
+from tiny_model import tiny_kimi_k3
+
+GRID = 64
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+COMMON = ["--page-size", "16", "--chunked-prefill-size", "256"]
+
+
+def ids(seed: int, n: int):
+    rng = random.Random(seed)
+    return [rng.randrange(10, 960) for _ in range(n)]
+
+
+def generate(url, prompt, n=6, timeout=300):
+    r = requests.post(
+        url + "/generate",
+        json={"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": n}},
+        timeout=timeout,
+    )
+    r.raise_for_status()
+    j = r.json()
+    return j["output_ids"], j["meta_info"]["cached_tokens"]
+
+
+# (name, prompt) in sending order; built once so both servers see the same prompts
+P400 = ids(1, 400)
+SYS = ids(2, 150)
+SENTINEL = ids(3, 330)
+CASES = []
+CASES += [("K1 cold", P400), ("K1 warm", P400), ("K1 shared 384", P400[:384] + ids(4, 36))]
+for k, extra in enumerate((0, 1, 2, 63)):
+    p = ids(10 + k, 128 + extra)
+    CASES += [(f"K2 {len(p)} cold", p), (f"K2 {len(p)} warm", p)]
+for i in range(4):
+    CASES.append((f"K5 L=150 #{i}", SYS + ids(20 + i, 100)))
+P128 = ids(30, 128)
+CASES += [("K6 P", P128), ("K6 P+2", P128 + ids(31, 2)), ("K6 P+50", P128 + ids(32, 50))]
+CASES += [("K7 sentinel cold", SENTINEL)]
+CASES += [(f"K7 flood {i}", ids(40 + i, 300)) for i in range(6)]
+CASES += [("K7 sentinel again", SENTINEL), ("K7 sentinel again 2", SENTINEL)]
+
+EXPECTED_CACHED = {
+    "K1 cold": 0,
+    "K1 warm": 384,  # 400 -> checkpoint at 384
+    "K1 shared 384": 384,
+    "K2 128 warm": 0,  # the last token must be computed and the only checkpoint is at 128
+    "K2 129 warm": 128,  # a 1-token recompute tail
+    "K2 130 warm": 128,
+    "K2 191 warm": 128,
+    "K5 L=150 #0": 0,  # stores its prompt end, 192
+    "K5 L=150 #1": 0,  # KV matches 144 but no checkpoint there yet (counted as discarded); branch point stored
+    "K5 L=150 #2": 128,  # floor(150/64)*64
+    "K5 L=150 #3": 128,
+    "K6 P": 0,
+    "K6 P+2": 128,
+    "K6 P+50": 128,  # the state at P was not modified by the 2-token extend
+    "K7 sentinel cold": 0,
+}
+
+
+class TestHybridCacheServerCases(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = tiny_kimi_k3()
+        cls.on, cls.off = {}, {}
+        args = cpu_server_args(max_total_tokens=1600, max_mamba_cache_size=16) + COMMON
+        with LaunchedServer(cls.model, args + ["--hybrid-host-cache-gb", "0.05"], env=STRICT) as s:
+            for name, p in CASES:
+                cls.on[name] = generate(s.base_url, p)
+            cls.k3 = cls._abort_then_retry(s.base_url)
+            cls.k12_healthy = cls._abort_storm(s.base_url)
+            with open(s.log_path, errors="replace") as f:
+                cls.log = f.read()
+        with LaunchedServer(cls.model, args + ["--disable-radix-cache"], env=STRICT) as s:
+            seen = {}
+            for name, p in CASES:  # each distinct prompt once
+                key = tuple(p)
+                if key not in seen:
+                    seen[key] = generate(s.base_url, p)
+                cls.off[name] = seen[key]
+            cls.k3_off = generate(s.base_url, cls.k3["prompt"])[0]
+            cls.k3_same_prefix_off = generate(s.base_url, cls.k3["same_prefix_prompt"])[0]
+
+    @staticmethod
+    def _abort_then_retry(url):
+        """K3: a long chunked prefill aborted (client timeout) after its first chunks, resent at once,
+        plus a same-prefix request sent while the first one's chunks are running."""
+        prompt = ids(50, 800)
+        try:
+            requests.post(
+                url + "/generate",
+                json={"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 6}},
+                timeout=1.0,
+            )
+        except requests.exceptions.Timeout:
+            pass
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            a = ex.submit(generate, url, prompt)
+            time.sleep(0.5)
+            b = ex.submit(generate, url, prompt[:600] + ids(51, 20))
+            return {"prompt": prompt, "retry": a.result(), "same_prefix": b.result(),
+                    "same_prefix_prompt": prompt[:600] + ids(51, 20)}
+
+    @staticmethod
+    def _abort_storm(url):
+        """K12: many prefix-sharing requests at concurrency, most cut off by the client mid-way."""
+        system = ids(60, 200)
+
+        def one(i):
+            try:
+                requests.post(
+                    url + "/generate",
+                    json={"input_ids": system + ids(600 + i, 30 + i % 50),
+                          "sampling_params": {"temperature": 0, "max_new_tokens": 40}},
+                    timeout=0.2 + (i % 7) * 0.3,
+                )
+            except requests.exceptions.RequestException:
+                pass
+
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            list(ex.map(one, range(24)))
+        time.sleep(6)  # drain, then the scheduler goes idle and runs its strict leak check
+        generate(url, ids(70, 20))
+        time.sleep(3)
+        return requests.get(url + "/health", timeout=30).status_code == 200
+
+    def test_outputs_equal_cache_off(self):
+        for name, _ in CASES:
+            self.assertEqual(self.on[name][0], self.off[name][0], name)
+            self.assertEqual(self.off[name][1], 0, name)
+
+    def test_cached_tokens(self):
+        got = {k: self.on[k][1] for k in EXPECTED_CACHED}
+        self.assertEqual(got, EXPECTED_CACHED)
+
+    def test_k2_warm_first_token_equals_cold(self):
+        for name, _ in CASES:
+            if name.startswith("K2") and name.endswith("warm"):
+                self.assertEqual(self.on[name][0], self.on[name.replace("warm", "cold")][0], name)
+
+    def test_k5_discarded_kv_match_is_counted(self):
+        lines = re.findall(r"hybrid-cache match rid=\S+ len=250 device=(\d+) host=(\d+) recomputed=\d+ kv_match_discarded=(\d+)", self.log)
+        self.assertEqual([int(x[2]) for x in lines][:2], [0, 144])
+
+    def test_k7_sentinel_restored_from_host(self):
+        self.assertEqual(self.on["K7 sentinel again"][0], self.on["K7 sentinel cold"][0])
+        self.assertEqual(self.on["K7 sentinel again 2"][0], self.on["K7 sentinel cold"][0])
+        # the second resend found the sentinel on the host (the flood pushed it out of the device)
+        lines = re.findall(r"hybrid-cache match rid=\S+ len=330 device=(\d+) host=(\d+)", self.log)
+        self.assertEqual(len(lines), 3)
+        self.assertEqual([int(h) for _, h in lines], [0, 320, 0])
+        self.assertEqual(self.on["K7 sentinel again"][1], 320)
+        self.assertEqual(self.on["K7 sentinel again 2"][1], 320)
+
+    def test_k3_abort_then_retry_equals_cache_off(self):
+        self.assertEqual(self.k3["retry"][0], self.k3_off)
+        self.assertEqual(self.k3["same_prefix"][0], self.k3_same_prefix_off)
+
+    def test_k12_no_leak_after_abort_storm(self):
+        self.assertTrue(self.k12_healthy)
+        self.assertNotIn("memory leak detected", self.log)
+
+
+if __name__ == "__main__":
+    unittest.main()
