@@ -13,7 +13,7 @@ pool and the radix cache can checkpoint them.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from sgl_hybrid_kernel.norm.reference import gated_rms_norm
 from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
 
 from sglang_hybrid.models.kimi_k3.weights import ShardSpec
+from sglang_hybrid.parallel.spec import ParallelSpec, shard_range
 
 
 def _param(*shape, dtype=None) -> nn.Parameter:
@@ -29,13 +30,23 @@ def _param(*shape, dtype=None) -> nn.Parameter:
 
 
 class KimiK3KDA(nn.Module):
-    """One KDA layer (TP = 1). Shapes: hidden ``D``, heads ``H``, head dim ``K``, ``P = H * K``."""
+    """One KDA layer. Shapes: hidden ``D``, heads ``H``, head dim ``K``, ``P = H * K``.
 
-    def __init__(self, config, layer_id: int):
+    Under TP (``parallel.tp_size = t``) a rank keeps ``H / t`` heads: their rows
+    of q/k/v/g/b/f_b and the convolution, their ``A_log`` / ``dt_bias``, and the
+    matching columns of ``o_proj`` (row-parallel, one all-reduce); its recurrent
+    and conv states hold only those heads. ``f_a_proj`` and ``o_norm`` are
+    replicated.
+    """
+
+    def __init__(self, config, layer_id: int, parallel: Optional[ParallelSpec] = None):
         super().__init__()
         la = config.linear_attn_config
+        self.parallel = parallel or ParallelSpec()
         self.layer_id = layer_id
-        self.num_heads = la["num_heads"]
+        self.total_heads = la["num_heads"]
+        self.heads = self.parallel.tp_shard(self.total_heads)
+        self.num_heads = self.total_heads // self.parallel.tp_size
         self.head_dim = la["head_dim"]
         self.conv_size = la["short_conv_kernel_size"]
         if not la.get("use_full_rank_gate", False):
@@ -75,19 +86,39 @@ class KimiK3KDA(nn.Module):
         """Checkpoint names (upstream's, e.g. ``...self_attn.q_proj.weight``) -> our params."""
         P = self.proj
         me = f"{prefix}."
+        if self.parallel.tp_size == 1:
+            m = {
+                f"{me}q_proj.weight": ShardSpec(f"{me}qkv_proj", (slice(0, P),)),
+                f"{me}k_proj.weight": ShardSpec(f"{me}qkv_proj", (slice(P, 2 * P),)),
+                f"{me}v_proj.weight": ShardSpec(f"{me}qkv_proj", (slice(2 * P, 3 * P),)),
+                f"{me}q_conv1d.weight": ShardSpec(f"{me}qkv_conv1d", (slice(0, P), None)),
+                f"{me}k_conv1d.weight": ShardSpec(f"{me}qkv_conv1d", (slice(P, 2 * P), None)),
+                f"{me}v_conv1d.weight": ShardSpec(f"{me}qkv_conv1d", (slice(2 * P, 3 * P), None)),
+                f"{me}o_norm.weight": ShardSpec(f"{me}o_norm"),
+            }
+            for name in ("g_proj", "b_proj", "f_a_proj", "f_b_proj", "o_proj"):
+                m[f"{me}{name}.weight"] = ShardSpec(f"{me}{name}")
+            for name in ("A_log", "dt_bias"):
+                m[f"{me}{name}"] = ShardSpec(f"{me}{name}")
+            return m
+        # TP: this rank's heads (column-parallel rows), o_proj columns (row-parallel).
+        t, r = self.parallel.tp_size, self.parallel.tp_rank
+        rows = shard_range(P * t, r, t)  # head-major channels of the full projection
+        hrows = self.heads
         m = {
-            f"{me}q_proj.weight": ShardSpec(f"{me}qkv_proj", (slice(0, P),)),
-            f"{me}k_proj.weight": ShardSpec(f"{me}qkv_proj", (slice(P, 2 * P),)),
-            f"{me}v_proj.weight": ShardSpec(f"{me}qkv_proj", (slice(2 * P, 3 * P),)),
-            f"{me}q_conv1d.weight": ShardSpec(f"{me}qkv_conv1d", (slice(0, P), None)),
-            f"{me}k_conv1d.weight": ShardSpec(f"{me}qkv_conv1d", (slice(P, 2 * P), None)),
-            f"{me}v_conv1d.weight": ShardSpec(f"{me}qkv_conv1d", (slice(2 * P, 3 * P), None)),
             f"{me}o_norm.weight": ShardSpec(f"{me}o_norm"),
+            f"{me}f_a_proj.weight": ShardSpec(f"{me}f_a_proj"),
+            f"{me}o_proj.weight": ShardSpec(f"{me}o_proj", (), (slice(None), rows)),
+            f"{me}g_proj.weight": ShardSpec(f"{me}g_proj", (), (rows,)),
+            f"{me}f_b_proj.weight": ShardSpec(f"{me}f_b_proj", (), (rows,)),
+            f"{me}b_proj.weight": ShardSpec(f"{me}b_proj", (), (hrows,)),
+            f"{me}A_log": ShardSpec(f"{me}A_log", (), (hrows,)),
+            f"{me}dt_bias": ShardSpec(f"{me}dt_bias", (), (rows,)),
         }
-        for name in ("g_proj", "b_proj", "f_a_proj", "f_b_proj", "o_proj"):
-            m[f"{me}{name}.weight"] = ShardSpec(f"{me}{name}")
-        for name in ("A_log", "dt_bias"):
-            m[f"{me}{name}"] = ShardSpec(f"{me}{name}")
+        for i, x in enumerate("qkv"):
+            part = (slice(i * P, (i + 1) * P),)
+            m[f"{me}{x}_proj.weight"] = ShardSpec(f"{me}qkv_proj", part, (rows,))
+            m[f"{me}{x}_conv1d.weight"] = ShardSpec(f"{me}qkv_conv1d", (part[0], None), (rows,))
         return m
 
     def forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
@@ -100,4 +131,4 @@ class KimiK3KDA(nn.Module):
         core = self.attn(forward_batch, mixed_qkv=mixed_qkv, a=forget, b=beta)  # [1, N, H, K]
         core = core.reshape(x.shape[0], self.num_heads, self.head_dim)
         core = gated_rms_norm(core, gate.view_as(core), self.o_norm, self.norm_eps, "sigmoid")
-        return core.reshape(x.shape[0], self.proj) @ self.o_proj.t()
+        return self.parallel.all_reduce(core.reshape(x.shape[0], self.proj) @ self.o_proj.t())

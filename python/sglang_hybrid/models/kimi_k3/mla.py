@@ -15,26 +15,41 @@ Follows upstream ``KimiK3MLAAttention`` (a ``DeepseekV2AttentionMLA`` with
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import nn
 
+from sgl_hybrid_kernel.dcp import dcp_local_positions, merge_partial_attention
 from sgl_hybrid_kernel.mla.reference import mla_attention_absorbed
 from sgl_hybrid_kernel.norm.reference import rms_norm
 
 from sglang_hybrid.models.kimi_k3.kda import _param
 from sglang_hybrid.models.kimi_k3.weights import ShardSpec
+from sglang_hybrid.parallel.dcp import dcp_owned, dcp_partial_attention
+from sglang_hybrid.parallel.spec import ParallelSpec
 
 
 class KimiK3MLA(nn.Module):
-    """One MLA layer (TP = 1), reading and writing SGLang's MLA KV pool directly."""
+    """One MLA layer, reading and writing SGLang's MLA KV pool directly.
 
-    def __init__(self, config, layer_id: int):
+    TP (``parallel.tp_size = t``): a rank keeps ``H / t`` query heads (rows of
+    ``q_proj`` / ``q_b_proj``, ``kv_b_proj``, ``g_proj``; columns of ``o_proj``,
+    row-parallel with one all-reduce); the latent path (``kv_a_proj_with_mqa``)
+    is replicated. DCP (``parallel.dcp_size = c``): the rank's KV pool holds only
+    positions ``p mod c == dcp_rank`` (``forward_batch.positions`` gives the new
+    tokens' positions; ``req_to_token`` lists the rank's own rows in position
+    order); see ``sglang_hybrid.parallel.dcp``.
+    """
+
+    def __init__(self, config, layer_id: int, parallel: Optional[ParallelSpec] = None):
         super().__init__()
+        self.parallel = parallel or ParallelSpec()
         self.layer_id = layer_id
         D = config.hidden_size
-        self.num_heads = config.num_attention_heads
+        self.total_heads = config.num_attention_heads
+        self.heads = self.parallel.tp_shard(self.total_heads)
+        self.num_heads = self.total_heads // self.parallel.tp_size
         self.nope = config.qk_nope_head_dim
         self.rope = config.qk_rope_head_dim
         self.v_dim = config.v_head_dim
@@ -63,7 +78,20 @@ class KimiK3MLA(nn.Module):
         names += ["q_proj"] if self.q_lora_rank is None else ["q_a_proj", "q_b_proj"]
         if self.use_output_gate:
             names.append("g_proj")
-        m = {f"{me}{n}.weight": ShardSpec(f"{me}{n}") for n in names}
+        if self.parallel.tp_size == 1:
+            m = {f"{me}{n}.weight": ShardSpec(f"{me}{n}") for n in names}
+        else:
+            h0, h1 = self.heads.start, self.heads.stop
+            per_head = {"q_proj": self.nope + self.rope, "q_b_proj": self.nope + self.rope,
+                        "kv_b_proj": self.nope + self.v_dim, "g_proj": self.v_dim}
+            m = {}
+            for n in names:
+                if n in per_head:  # column-parallel: this rank's heads' rows
+                    m[f"{me}{n}.weight"] = ShardSpec(f"{me}{n}", (), (slice(h0 * per_head[n], h1 * per_head[n]),))
+                elif n == "o_proj":  # row-parallel: this rank's heads' input columns
+                    m[f"{me}{n}.weight"] = ShardSpec(f"{me}{n}", (), (slice(None), slice(h0 * self.v_dim, h1 * self.v_dim)))
+                else:
+                    m[f"{me}{n}.weight"] = ShardSpec(f"{me}{n}")
         m[f"{me}kv_a_layernorm.weight"] = ShardSpec(f"{me}kv_a_layernorm")
         if self.q_lora_rank is not None:
             m[f"{me}q_a_layernorm.weight"] = ShardSpec(f"{me}q_a_layernorm")
@@ -92,11 +120,20 @@ class KimiK3MLA(nn.Module):
 
         kv_buffer = kv_pool.get_key_buffer(self.layer_id)  # [pool, 1, R + rope]
         loc = forward_batch.out_cache_loc[:N].long()
-        kv_buffer[loc] = torch.cat([latent, k_pe], dim=-1).unsqueeze(1).to(kv_buffer.dtype)
+        rows_new = torch.cat([latent, k_pe], dim=-1).unsqueeze(1).to(kv_buffer.dtype)
+        c = self.parallel.dcp_size
+        if c > 1:
+            owned = dcp_owned(forward_batch.positions[:N].long(), self.parallel.dcp_rank, c)
+            kv_buffer[loc[owned]] = rows_new[owned]
+        else:
+            kv_buffer[loc] = rows_new
 
         w = self.kv_b_proj.view(H, self.nope + self.v_dim, R)
         w_kc, w_vc = w[:, : self.nope], w[:, self.nope :]  # [H, nope, R], [H, v, R]
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_kc)
+        if c > 1:
+            o_lat = self._attend_dcp(q_lat, q_pe, forward_batch, kv_buffer, req_to_token)
+            return self._output(x, o_lat, w_vc)
 
         if forward_batch.forward_mode.is_decode():
             new_lens = [1] * N
@@ -116,7 +153,47 @@ class KimiK3MLA(nn.Module):
             o_lat[sl], _ = mla_attention_absorbed(
                 q_lat[sl], q_pe[sl], hist[:, :R], hist[:, R:], self.scale, prefix_len=total - n
             )
-        o = torch.einsum("nhr,hvr->nhv", o_lat, w_vc).reshape(N, H * self.v_dim)
+        return self._output(x, o_lat, w_vc)
+
+    def _output(self, x: torch.Tensor, o_lat: torch.Tensor, w_vc: torch.Tensor) -> torch.Tensor:
+        N = x.shape[0]
+        o = torch.einsum("nhr,hvr->nhv", o_lat, w_vc).reshape(N, self.num_heads * self.v_dim)
         if self.use_output_gate:
             o = o * torch.sigmoid(x @ self.g_proj.t())
-        return o @ self.o_proj.t()
+        return self.parallel.all_reduce(o @ self.o_proj.t())
+
+    def _attend_dcp(self, q_lat, q_pe, forward_batch, kv_buffer, req_to_token) -> torch.Tensor:
+        """DCP attention: gather the group's query heads, attend over the local shard, merge exactly.
+
+        Returns this rank's heads ``[N, H_local, R]``. Two all-gathers over the
+        DCP group per layer: queries ``[N, H_local, R + rope]`` and
+        ``(o_lat, LSE)`` ``[N, H_dcp, R + 1]`` (FP32).
+        """
+        par, c, R = self.parallel, self.parallel.dcp_size, self.kv_lora_rank
+        N, H = q_lat.shape[:2]
+        q_all = par.dcp_all_gather(torch.cat([q_lat, q_pe], dim=-1))  # [c, N, H, R + rope]
+        q_all = q_all.permute(1, 0, 2, 3).reshape(N, c * H, R + self.rope)  # heads in DCP-rank order
+        qpos = forward_batch.positions[:N].long()
+        if forward_batch.forward_mode.is_decode():
+            new_lens, seq_lens = [1] * N, forward_batch.seq_lens_cpu.tolist()
+        else:
+            new_lens = list(forward_batch.extend_seq_lens_cpu)
+            seq_lens = [p + n for p, n in zip(forward_batch.extend_prefix_lens_cpu, new_lens)]
+        part = torch.empty(N, c * H, R + 1, dtype=torch.float32)  # FP32 so the LSE keeps its precision
+        start = 0
+        for row, n, total in zip(forward_batch.req_pool_indices.tolist(), new_lens, seq_lens):
+            if n == 0:
+                continue
+            sl = slice(start, start + n)
+            start += n
+            key_pos = dcp_local_positions(total, par.dcp_rank, c)  # this rank's rows, ascending
+            hist = kv_buffer[req_to_token[row, : key_pos.numel()].long(), 0]  # [local, R + rope]
+            o, lse = dcp_partial_attention(
+                q_all[sl, :, :R], q_all[sl, :, R:], hist[:, :R], hist[:, R:], key_pos, qpos[sl], self.scale
+            )
+            part[sl, :, :R] = o
+            part[sl, :, R] = lse
+        parts = par.dcp_all_gather(part)  # [c, N, c*H, R + 1]
+        o_lat, _ = merge_partial_attention(parts[..., :R].contiguous(), parts[..., R].float().contiguous())
+        mine = slice(par.dcp_rank * H, (par.dcp_rank + 1) * H)
+        return o_lat[:, mine].to(q_lat.dtype)

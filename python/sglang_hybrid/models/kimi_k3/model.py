@@ -18,6 +18,7 @@ model uses the ordinary pre-norm residual.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -34,8 +35,33 @@ from sglang_hybrid.models.kimi_k3.kda import KimiK3KDA, _param
 from sglang_hybrid.models.kimi_k3.mla import KimiK3MLA
 from sglang_hybrid.models.kimi_k3.moe import KimiK3MoE, SwiGLUMLP
 from sglang_hybrid.models.kimi_k3.weights import ShardSpec, load_checkpoint
+from sglang_hybrid.parallel.spec import ParallelSpec
 
 logger = logging.getLogger(__name__)
+
+# Test-only fault injection for the NaN guard (issue 11; python/sglang_hybrid/reliability/nan_guard.py):
+# "<layer>:<token id>" puts NaN into the attention input of decoder layer <layer> at every
+# position whose input token is <token id>. Unset (always, outside tests): no effect.
+TEST_INJECT_NAN_ENV = "SGLANG_HYBRID_TEST_INJECT_NAN"
+
+
+def _parse_test_nan_injection() -> Optional[Tuple[int, int]]:
+    spec = os.environ.get(TEST_INJECT_NAN_ENV)
+    if not spec:
+        return None
+    try:
+        layer, token = (int(x) for x in spec.split(":"))
+    except ValueError as exc:
+        raise ValueError(f"{TEST_INJECT_NAN_ENV} must be '<layer>:<token id>', got {spec!r}") from exc
+    logger.warning("%s=%s: NaN will be injected (test-only fault injection)", TEST_INJECT_NAN_ENV, spec)
+    return layer, token
+
+
+def _inject_nan_for_test(x: torch.Tensor, input_ids: torch.Tensor, layer_id: int, spec) -> torch.Tensor:
+    if spec is None or spec[0] != layer_id or input_ids is None:
+        return x
+    hit = input_ids == spec[1]
+    return x.masked_fill(hit[:, None], float("nan")) if bool(hit.any()) else x
 
 
 def is_moe_layer(config, layer_id: int) -> bool:
@@ -56,16 +82,33 @@ class _ResidualScore(nn.Module):
         self.proj = _param(1, hidden_size)
 
 
+class _ReplicatedTable(nn.Module):
+    """A ``[vocab, D]`` table held whole on every rank (model-level TP runs, issue 8).
+
+    Used for the embedding and LM head when a ``ParallelSpec`` is given: the
+    vocabulary split is upstream's ``VocabParallelEmbedding`` / ``ParallelLMHead``
+    job when served, and is not what the TP/DCP tests compare.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.weight = _param(vocab_size, hidden_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(input_ids, self.weight)
+
+
 class KimiK3DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, parallel: Optional[ParallelSpec] = None):
         super().__init__()
         self.layer_id = layer_id
         self.is_kda = config.is_kda_layer(layer_id)
-        self.self_attn = KimiK3KDA(config, layer_id) if self.is_kda else KimiK3MLA(config, layer_id)
+        attn_cls = KimiK3KDA if self.is_kda else KimiK3MLA
+        self.self_attn = attn_cls(config, layer_id, parallel)
         if is_moe_layer(config, layer_id):
-            self.mlp = KimiK3MoE(config)
+            self.mlp = KimiK3MoE(config, parallel)
         else:
-            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, parallel)
         self.input_layernorm = _param(config.hidden_size)
         self.post_attention_layernorm = _param(config.hidden_size)
         self.block_size = config.attn_res_block_size
@@ -111,14 +154,18 @@ class _ResidualStream:
 
 
 class KimiK3ReferenceModel(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, parallel: Optional[ParallelSpec] = None):
         super().__init__()
         self.config = config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([KimiK3DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        if parallel is None:
+            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        else:
+            self.embed_tokens = _ReplicatedTable(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([KimiK3DecoderLayer(config, i, parallel) for i in range(config.num_hidden_layers)])
         self.norm = _param(config.hidden_size)
         if config.attn_res_block_size is not None:
             self.output_score = _ResidualScore(config.hidden_size)
+        self._test_nan = _parse_test_nan_injection()
 
     def checkpoint_mapping(self) -> Dict[str, ShardSpec]:
         m = {"model.embed_tokens.weight": ShardSpec("model.embed_tokens.weight"), "model.norm.weight": ShardSpec("model.norm")}
@@ -136,13 +183,15 @@ class KimiK3ReferenceModel(nn.Module):
         eps = self.config.rms_norm_eps
         if self.config.attn_res_block_size is None:
             for layer in self.layers:
-                h = h + layer.run_attention(rms_norm(h, layer.input_layernorm, eps), forward_batch, kv_pool, req_to_token)
+                x = _inject_nan_for_test(rms_norm(h, layer.input_layernorm, eps), input_ids, layer.layer_id, self._test_nan)
+                h = h + layer.run_attention(x, forward_batch, kv_pool, req_to_token)
                 h = h + layer.mlp(rms_norm(h, layer.post_attention_layernorm, eps))
             return rms_norm(h, self.norm, eps)
         stream = _ResidualStream(eps)
         contribution = h
         for layer in self.layers:
             x = stream.read(contribution, layer.attn_score, layer.input_layernorm, write=layer.writes_block)
+            x = _inject_nan_for_test(x, input_ids, layer.layer_id, self._test_nan)
             a = layer.run_attention(x, forward_batch, kv_pool, req_to_token)
             x = stream.read(a, layer.mlp_score, layer.post_attention_layernorm, write=False)
             contribution = layer.mlp(x)
@@ -154,26 +203,40 @@ class KimiK3ReferenceForCausalLM(nn.Module):
 
     ``forward(input_ids [N], positions [N], forward_batch)`` returns upstream's
     ``LogitsProcessorOutput``. Limits (each raises ``NotImplementedError`` at
-    construction): TP = 1, no latent MoE, SiLU experts, sigmoid routing,
+    construction): served with --tp 1 only, SiLU experts, sigmoid routing,
     full-rank KDA output gate.
+
+    ``parallel`` (issue 8, docs/parallelism.md): a ``ParallelSpec`` builds this
+    rank's TP / DCP shard of the model for model-level runs
+    (``sglang_hybrid.parallel.runner``); the embedding and LM head are then
+    replicated and ``forward`` is not used (no upstream logits processor).
+    ``None`` (the server path) is the unchanged TP = 1 model.
     """
 
-    def __init__(self, config, quant_config=None, prefix: str = ""):
+    def __init__(self, config, quant_config=None, prefix: str = "", parallel: Optional[ParallelSpec] = None):
         super().__init__()
         if quant_config is not None:
             raise NotImplementedError("the Kimi K3 CPU reference model runs unquantized weights only")
-        from sglang.srt.runtime_context import get_parallel
+        if parallel is None:
+            from sglang.srt.runtime_context import get_parallel
 
-        if get_parallel().tp_size != 1:
-            raise NotImplementedError("the Kimi K3 CPU reference model supports --tp 1 only")
+            if get_parallel().tp_size != 1:
+                raise NotImplementedError(
+                    "the Kimi K3 CPU reference model is served with --tp 1 only "
+                    "(model-level TP/DCP: pass a ParallelSpec; docs/parallelism.md)"
+                )
+        self.parallel = parallel
         self.config = config
         for op in ("mla_attention", "moe_routing", "moe_experts", "attn_res_mix", "rms_norm"):
             record_choice(op, "torch", "Kimi K3 CPU reference model (plain-torch oracle)", log=logger)
-        self.model = KimiK3ReferenceModel(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.model = KimiK3ReferenceModel(config, parallel)
+        if parallel is None:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        else:
+            self.lm_head = _ReplicatedTable(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.logits_processor = LogitsProcessor(config)
+        self.logits_processor = LogitsProcessor(config) if parallel is None else None
         self.start_layer, self.end_layer = 0, config.num_hidden_layers
 
     def get_input_embeddings(self) -> nn.Module:

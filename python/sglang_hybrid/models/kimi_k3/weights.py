@@ -17,13 +17,16 @@ from torch import nn
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """Checkpoint tensor ``ckpt_name`` is copied into ``param_name[index]``.
+    """Checkpoint tensor ``ckpt_name`` (or its ``ckpt_index`` part) is copied into ``param_name[index]``.
 
-    ``index`` is a tuple of slices/ints applied to the parameter (``()`` = whole).
+    ``index`` is a tuple of slices/ints applied to the parameter (``()`` = whole);
+    ``ckpt_index`` the same for the checkpoint tensor, so a TP rank loads only
+    its rows / columns (``()`` = whole; issue 8).
     """
 
     param_name: str
     index: Tuple = ()
+    ckpt_index: Tuple = ()
 
 
 def load_checkpoint(model: nn.Module, weights: Iterable[Tuple[str, torch.Tensor]], mapping: Dict[str, ShardSpec]) -> Set[str]:
@@ -57,6 +60,10 @@ def load_checkpoint(model: nn.Module, weights: Iterable[Tuple[str, torch.Tensor]
             seen.add(name)
             written.add(spec.param_name)
             continue
+        if spec.ckpt_index:
+            if name.endswith("A_log"):
+                tensor = tensor.reshape(-1)  # K3 stores A_log 1-D; older ckpts [1, 1, H, 1]
+            tensor = tensor[spec.ckpt_index]
         dst = target.data[spec.index] if spec.index else target.data
         if tuple(dst.shape) != tuple(tensor.shape):
             if dst.numel() == tensor.numel() and name.endswith("A_log"):

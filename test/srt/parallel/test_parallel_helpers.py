@@ -1,0 +1,98 @@
+"""Single-process tests of sglang_hybrid.parallel: shard specs, DCP ownership and partial attention, MoE ownership sizes."""
+
+from __future__ import annotations
+
+import unittest
+
+import torch
+
+from sgl_hybrid_kernel.dcp import merge_partial_attention
+from sgl_hybrid_kernel.mla.reference import mla_attention_absorbed
+from sglang_hybrid.parallel import (
+    ParallelSpec,
+    dcp_owned,
+    dcp_partial_attention,
+    mla_kv_bytes_per_rank,
+    owned_output_rows,
+    owned_weight_bytes_saved,
+    shard_range,
+)
+
+
+class TestShardSpecs(unittest.TestCase):
+    def test_shard_range_tiles_the_dimension(self):
+        parts = [shard_range(12, r, 4) for r in range(4)]
+        self.assertEqual([(p.start, p.stop) for p in parts], [(0, 3), (3, 6), (6, 9), (9, 12)])
+
+    def test_bad_shapes_raise(self):
+        with self.assertRaisesRegex(ValueError, "does not divide"):
+            shard_range(10, 0, 4)
+        with self.assertRaisesRegex(ValueError, "rank"):
+            shard_range(8, 4, 4)
+        with self.assertRaisesRegex(ValueError, "dcp_size"):
+            ParallelSpec(tp_rank=0, tp_size=2, dcp_size=3)
+
+    def test_dcp_rank_is_position_inside_consecutive_group(self):
+        self.assertEqual([ParallelSpec(tp_rank=r, tp_size=4, dcp_size=2).dcp_rank for r in range(4)], [0, 1, 0, 1])
+
+    def test_single_process_collectives_are_identity(self):
+        x = torch.randn(3, 4)
+        spec = ParallelSpec()
+        self.assertIs(spec.all_reduce(x), x)
+        self.assertTrue(torch.equal(spec.dcp_all_gather(x)[0], x))
+
+
+class TestDcpAttention(unittest.TestCase):
+    def test_owned_positions_partition_the_sequence(self):
+        pos = torch.arange(23)
+        masks = torch.stack([dcp_owned(pos, r, 3) for r in range(3)])
+        self.assertTrue(torch.equal(masks.sum(0), torch.ones(23, dtype=torch.long)))
+        self.assertEqual(pos[masks[1]].tolist(), list(range(1, 23, 3)))
+
+    def test_sharded_attention_merged_equals_full_attention(self):
+        # FP64: 3 DCP shards of a 10-token history + 4 new tokens; query at position 0..1
+        # sees nothing on some shards, which must report (0, -inf).
+        torch.manual_seed(0)
+        S, T, H, R, P, c = 14, 14, 3, 8, 4, 3
+        q_lat, q_pe = torch.randn(T, H, R, dtype=torch.float64), torch.randn(T, H, P, dtype=torch.float64)
+        lat, kpe = torch.randn(S, R, dtype=torch.float64), torch.randn(S, P, dtype=torch.float64)
+        ref, ref_lse = mla_attention_absorbed(q_lat, q_pe, lat, kpe, 0.3, prefix_len=S - T)
+        qpos = torch.arange(S - T, S)
+        outs, lses = [], []
+        for r in range(c):
+            keys = torch.arange(r, S, c)
+            o, lse = dcp_partial_attention(q_lat, q_pe, lat[keys], kpe[keys], keys, qpos, 0.3)
+            outs.append(o)
+            lses.append(lse)
+        self.assertTrue(torch.isneginf(lses[1][0]).all() and torch.isneginf(lses[2][0]).all())
+        self.assertTrue(torch.equal(outs[2][0], torch.zeros_like(outs[2][0])))
+        out, lse = merge_partial_attention(torch.stack(outs), torch.stack(lses))
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
+
+    def test_kv_bytes_per_rank_fall_by_dcp_width(self):
+        # Kimi K3 MLA row: kv_lora_rank 512 + rope 64, BF16; 1M tokens, 8 ranks.
+        one = mla_kv_bytes_per_rank(1 << 20, 576, 1, 1, 2)
+        self.assertEqual(one, (1 << 20) * 576 * 2)
+        self.assertEqual(mla_kv_bytes_per_rank(1 << 20, 576, 1, 8, 2) * 8, one)
+        self.assertEqual(mla_kv_bytes_per_rank(9, 576, 1, 8, 2), 2 * 576 * 2)  # ceil(9 / 8) rows
+
+
+class TestMoeOwnership(unittest.TestCase):
+    def test_owned_rows_tile_hidden(self):
+        rows = [owned_output_rows(7168, r, 8) for r in range(8)]
+        self.assertEqual(sum(s.stop - s.start for s in rows), 7168)
+        self.assertEqual(rows[7], slice(6272, 7168))
+
+    def test_full_size_bytes_saved_match_article(self):
+        # routed_expert_up_proj [7168, 3584] BF16 in each of 92 MoE layers, TP 8:
+        # 7/8 of it per rank -> 4,136,108,032 bytes = 3.85 GiB (article, SGLang #59591).
+        saved = owned_weight_bytes_saved(7168, 3584, 92, 8, 2)
+        self.assertEqual(saved, 4_136_108_032)
+        self.assertAlmostEqual(saved / 2**30, 3.85, places=2)
+        with self.assertRaises(ValueError):
+            owned_weight_bytes_saved(7168, 3584, 92, 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
