@@ -6,8 +6,11 @@
 :class:`SglHybridKDAKernel` for decode and prefill. Upstream parses every
 unknown name as ``LinearAttnKernelBackend.CUSTOM`` and has no KDA kernel for it,
 so an AROUND hook on ``KDAKernelDispatcher.__init__`` builds the dispatcher with
-Triton in those places and then installs our kernel. Speculative verify stays on
-upstream's Triton kernel (its conv-window checkpointing lives in the backend).
+Triton in those places and then installs our kernel. Speculative chain verify is
+ours too (``--linear-attn-verify-backend sgl_hybrid``, or unset with decode
+ours); tree verify (``retrieve_parent_token``) and upstream's fused ring /
+fused-accept verify extras go to upstream's Triton kernel. The conv-window
+checkpointing of verify lives in upstream's backend, unchanged.
 
 The class subclasses upstream's ``TritonKDAKernel`` because upstream only lets a
 ``TritonKDAKernel`` run the safe gate (``lower_bound``) that Kimi K3 uses.
@@ -23,16 +26,18 @@ import torch
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_hybrid.layers.attention.delta_rule_common import MAMBA_CHUNK, plan_track_snapshots, verify_chain
+
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "sgl_hybrid"
-MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
 
 
 class SglHybridKDAKernel(TritonKDAKernel):
@@ -76,6 +81,29 @@ class SglHybridKDAKernel(TritonKDAKernel):
             o[i] = oi[0]
         return o.unsqueeze(0)
 
+    # ------------------------------------------------------------------ verify
+    _UPSTREAM_VERIFY_EXTRAS = ("cache_ring", "replayssm_rawv", "replayssm_rawk", "replayssm_g", "replayssm_beta",
+                               "fused_accept_state_indices", "fused_accept_num_accepted")
+
+    def target_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
+                      intermediate_states_buffer, intermediate_state_indices, cache_steps, retrieve_parent_token=None,
+                      lower_bound: Optional[float] = None, **kwargs) -> torch.Tensor:
+        """Chain verify through :func:`delta_rule_common.verify_chain` (committed state read,
+        not written; per-token states to ``intermediate_states_buffer``). Tree verify and
+        upstream's ring / fused-accept extras go to upstream's Triton kernel."""
+        if retrieve_parent_token is not None or any(kwargs.get(n) is not None and kwargs.get(n) is not False
+                                                     for n in self._UPSTREAM_VERIFY_EXTRAS):
+            return super().target_verify(A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states,
+                                         cache_indices=cache_indices, query_start_loc=query_start_loc,
+                                         intermediate_states_buffer=intermediate_states_buffer,
+                                         intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
+                                         retrieve_parent_token=retrieve_parent_token, lower_bound=lower_bound, **kwargs)
+        return verify_chain(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=ssm_states,
+                            cache_indices=cache_indices, query_start_loc=query_start_loc,
+                            intermediate_states_buffer=intermediate_states_buffer,
+                            intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
+                            gate="kda", lower_bound=lower_bound, force_triton=self.force_triton)
+
     # ------------------------------------------------------------------ extend
     def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, A_log=None, dt_bias=None,
                lower_bound: Optional[float] = None, beta_is_raw: bool = False, return_intermediate_states: bool = False,
@@ -93,19 +121,8 @@ class SglHybridKDAKernel(TritonKDAKernel):
         # prefix (upstream passes extend_prefix_lens); otherwise from zeros.
         prefix = kwargs.get("extend_prefix_lens")
         has_init = [True] * len(lens) if prefix is None else [int(p) > 0 for p in prefix.tolist()]
-        track_state, track_chunk = kwargs.get("track_state"), kwargs.get("track_chunk_idx")
-        ckpts, zero_tracks = [], []
-        if track_state is not None and track_chunk is not None:
-            for i, c in enumerate(track_chunk.tolist()):
-                if c == 0:
-                    zero_tracks.append(i)
-                elif c > 0:
-                    ckpts.append((i, c * MAMBA_CHUNK, i))
-            for i in zero_tracks:  # a checkpoint at the extend start is the initial state
-                if has_init[i]:
-                    track_state[i] = ssm_states[int(cache_indices[i])].to(track_state.dtype)
-                else:
-                    track_state[i] = 0
+        track_state = kwargs.get("track_state")
+        ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
             o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
                                          cache_indices.to(torch.int32),
@@ -134,12 +151,15 @@ class SglHybridKDAKernel(TritonKDAKernel):
 
 
 def _around_dispatcher_init(original, self, decode_backend, prefill_backend, verify_backend, *args, **kwargs):
-    custom = {name: be.is_custom() for name, be in (("decode", decode_backend), ("prefill", prefill_backend), ("verify", verify_backend))}
-    if not any(custom.values()):
+    if not (decode_backend.is_custom() or prefill_backend.is_custom() or verify_backend.is_custom()):
         return original(self, decode_backend, prefill_backend, verify_backend, *args, **kwargs)
     from sglang.srt.runtime_context import get_exec
 
     mamba = get_exec().mamba
+    # Unset verify follows decode when decode is ours (upstream would default it to Triton).
+    verify_follows = mamba.linear_attn_verify_backend is None and decode_backend.is_custom()
+    custom = {"decode": decode_backend.is_custom(), "prefill": prefill_backend.is_custom(),
+              "verify": verify_follows or verify_backend.is_custom()}
     names = {mamba.linear_attn_backend, mamba.linear_attn_decode_backend, mamba.linear_attn_prefill_backend,
              mamba.linear_attn_verify_backend} - {None}
     unknown = names - {BACKEND_NAME} - {b.value for b in LinearAttnKernelBackend}
@@ -155,11 +175,11 @@ def _around_dispatcher_init(original, self, decode_backend, prefill_backend, ver
         self.supports_packed_decode_safe_gate = False
     if custom["prefill"]:
         self.extend_kernel = ours
-    logger.info(
-        "KDA kernels: decode=%s prefill=%s verify=%s",
-        type(self.decode_kernel).__name__, type(self.extend_kernel).__name__,
-        type(self.verify_kernel).__name__ + (" (upstream; sgl_hybrid verify not wired yet)" if custom["verify"] else ""),
-    )
+    if custom["verify"]:
+        self.verify_kernel = ours
+    for phase, kernel in (("decode", self.decode_kernel), ("extend", self.extend_kernel), ("verify", self.verify_kernel)):
+        record_choice(f"kda_{phase}_kernel", "sgl_hybrid" if kernel is ours else f"upstream:{type(kernel).__name__}",
+                      "--linear-attn-*-backend sgl_hybrid" if kernel is ours else "upstream's choice", log=logger)
 
 
 def install() -> None:

@@ -1,0 +1,120 @@
+"""Pieces shared by our KDA and GDN kernel classes behind upstream's linear-attention
+kernel interface (``kda_kernel.py``, ``gdn_kernel.py``).
+
+* :func:`plan_track_snapshots` turns upstream's prefix-cache track request
+  (``track_state`` ``[B, HV, V, K]`` FP32, ``track_chunk_idx`` ``[B]``: ``c >= 0``
+  asks for the state after ``c * 64`` tokens of this extend, ``-1`` none) into
+  the ``(sequence, position, row)`` checkpoints our chunk kernel writes;
+* :func:`verify_chain` is the speculative (chain, top-k 1) verify of both gates:
+  the committed state is read and *not* written, the state after each draft
+  token goes to upstream's scratch ``intermediate_states_buffer``
+  ``[rows, steps, HV, V, K]`` at row ``intermediate_state_indices[b]`` (issue 4;
+  seeds digest item 12 for the deferred-commit variant, not used here because
+  upstream's backend commits from that scratch itself).
+
+Triton on CUDA/ROCm within the kernels' contract (``delta_rule/dispatch.py``),
+the plain-torch reference otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from sgl_hybrid_kernel.delta_rule.dispatch import choose_recurrent
+from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
+from sgl_hybrid_kernel.gdn.reference import gdn_gate
+from sgl_hybrid_kernel.kda.reference import kda_gate
+from sgl_hybrid_kernel.norm.reference import l2_norm
+
+MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
+
+
+def plan_track_snapshots(track_state: Optional[torch.Tensor], track_chunk_idx: Optional[torch.Tensor],
+                         ssm_states: torch.Tensor, cache_indices: torch.Tensor,
+                         has_init: Sequence[bool]) -> List[Tuple[int, int, int]]:
+    """Checkpoints ``(sequence, token position, track row)`` for ``c > 0``; rows with
+    ``c == 0`` (the state the extend starts from) are filled here directly.
+
+    Returns ``[]`` when no tracking was requested.
+    """
+    if track_state is None or track_chunk_idx is None:
+        return []
+    ckpts = []
+    for i, c in enumerate(track_chunk_idx.tolist()):
+        if c == 0:
+            if has_init[i]:
+                track_state[i] = ssm_states[int(cache_indices[i])].to(track_state.dtype)
+            else:
+                track_state[i] = 0
+        elif c > 0:
+            ckpts.append((i, c * MAMBA_CHUNK, i))
+    return ckpts
+
+
+def _gate(f, A_log, dt_bias, gate, lower_bound):
+    if gate == "kda":
+        return kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)
+    return gdn_gate(f, A_log.reshape(-1), dt_bias.reshape(-1))
+
+
+def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
+                 A_log: torch.Tensor, dt_bias: torch.Tensor, ssm_states: torch.Tensor, cache_indices: torch.Tensor,
+                 query_start_loc: Optional[torch.Tensor], intermediate_states_buffer: torch.Tensor,
+                 intermediate_state_indices: torch.Tensor, cache_steps: int, gate: str,
+                 lower_bound: Optional[float] = None, force_triton: bool = False) -> torch.Tensor:
+    """Chain verify in upstream's ``target_verify`` layouts.
+
+    Args:
+        q, k: ``[1, B*T, H, K]``; v: ``[1, B*T, HV, V]`` (``T = cache_steps`` tokens per request).
+        a: raw gate ``[B*T, HV*K]`` (KDA) or ``[B*T, HV]`` (GDN); b: raw beta ``[.., HV]``.
+        ssm_states: FP32 pool ``[slots, HV, V, K]``, read only; ``cache_indices`` ``[B]``
+            (negative = padding row: zero output, nothing written).
+        intermediate_states_buffer: ``[rows, steps >= T, HV, V, K]``; ``intermediate_state_indices``
+            ``[>= B]`` row per request (negative = not saved).
+        gate: ``"kda"`` or ``"gdn"``; lower_bound: KDA safe-gate bound.
+
+    Returns:
+        ``[1, B*T, HV, V]`` in ``v.dtype``.
+
+    Raises:
+        ValueError: token count not ``B * cache_steps``, or ``query_start_loc`` not uniform.
+    """
+    _, N, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    T, B = int(cache_steps), cache_indices.shape[0]
+    if N != B * T:
+        raise ValueError(f"cache_steps={T}: expected {B} * {T} tokens, got {N}")
+    if query_start_loc is not None and not torch.equal(query_start_loc.cpu().long()[: B + 1],
+                                                       torch.arange(B + 1, dtype=torch.long) * T):
+        raise ValueError("query_start_loc: sgl_hybrid verify takes the same number of tokens per request")
+    q2, k2, v2 = q[0], k[0], v[0]
+    f = a.reshape(N, HV, K) if gate == "kda" else a.reshape(N, HV)
+    beta = b.reshape(N, HV)
+    buf = intermediate_states_buffer
+    steps = buf.shape[1]
+    rows = intermediate_state_indices[:B].to(torch.long)
+    if force_triton or choose_recurrent(q2, v2, ssm_states) == "triton":
+        t = torch.arange(T, device=rows.device)
+        inter_idx = torch.where(rows[:, None] >= 0, rows[:, None] * steps + t[None, :], -1).reshape(-1).to(torch.int32)
+        o = gated_delta_recurrent_triton(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,
+                                         cache_indices, T, gate, lower_bound, state_layout="vk", commit=False,
+                                         inter_state=buf.flatten(0, 1), inter_indices=inter_idx)
+        return o.unsqueeze(0)
+    g = _gate(f, A_log, dt_bias, gate, lower_bound)
+    o = torch.zeros_like(v2)
+    for i, slot in enumerate(cache_indices.tolist()):
+        if slot < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        oi, _, saved = gated_delta_recurrent(l2_norm(q2[sl]), l2_norm(k2[sl]), v2[sl], g[sl], torch.sigmoid(beta[sl].float()),
+                                             initial_state=ssm_states[slot].transpose(-1, -2).float(),
+                                             save_positions=range(1, T + 1))
+        o[sl] = oi
+        row = int(rows[i])
+        if row >= 0:
+            for t_, S in enumerate(saved):
+                buf[row, t_] = S.transpose(-1, -2).to(buf.dtype)
+    return o.unsqueeze(0)

@@ -1,0 +1,1 @@
+"""MoE-side hooks of the plugin (issue 5, Wiring)."""
