@@ -18,3 +18,11 @@ def tiny_kimi_k3(seed: int = 0) -> str:
     if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
         build("kimi-k3", out, seed=seed)
     return out
+
+
+def tiny_qwen38(seed: int = 0) -> str:
+    """Path of a tiny Qwen3.8-Flash-Next checkpoint (built on first use; same seed -> same files)."""
+    out = os.path.join(_CACHE_DIR, f"qwen3.8-flash-next-tiny-seed{seed}")
+    if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+        build("qwen3.8-flash-next", out, seed=seed)
+    return out
