@@ -356,6 +356,7 @@ class HybridRadixCache(UnifiedRadixCache):
             on_drop=self.host_payload.drop if self.host_payload is not None else None,
         )
         self.serving = serving
+        self._prom = _PromCounters() if serving and getattr(params, "enable_metrics", False) else None
         self.chunked_prefill_size = chunked_prefill_size
         self.host_hits_by_rid: Dict[str, int] = {}
         self.metrics = CacheMetrics()
@@ -557,6 +558,9 @@ class HybridRadixCache(UnifiedRadixCache):
         if res.full_kv_hit_length > resume:
             mt.kv_match_discarded_tokens += res.full_kv_hit_length - resume
             mt.cut_back_requests += 1
+        if self._prom is not None:
+            self._prom.update(resume - host_tokens, host_tokens, len(toks) - resume,
+                              max(0, res.full_kv_hit_length - resume), self)
         if rid is not None:
             self.host_hits_by_rid[rid] = host_tokens
             if len(self.host_hits_by_rid) > 4096:
@@ -762,3 +766,30 @@ class HostPayloadStore:
             pool.load_cpu_copy(per_layer, kv_indices)
         mpool, translate = self._mamba_pool()
         mpool.load_cpu_copy(self._states[state_hash], translate(slot.view(-1)))
+
+
+class _PromCounters:
+    """Prometheus series of the hybrid cache (scraped with upstream's ``/metrics``
+    when the server runs with ``--enable-metrics``; upstream's multiprocess
+    collector picks up series created in the scheduler process)."""
+
+    def __init__(self):
+        from prometheus_client import Counter, Gauge
+
+        p = "sglang_hybrid_cache_"
+        self.device = Counter(p + "device_hit_tokens", "Prompt tokens resumed from device resume points")
+        self.host = Counter(p + "host_hit_tokens", "Prompt tokens resumed from host-tier resume points")
+        self.recomputed = Counter(p + "recomputed_tokens", "Prompt tokens recomputed (prefill)")
+        self.discarded = Counter(p + "kv_match_discarded_tokens", "KV matched beyond the resume point (no checkpoint there)")
+        self.ckpt_dev = Gauge(p + "device_checkpoints", "Recurrent checkpoints on the device", multiprocess_mode="livesum")
+        self.ckpt_host = Gauge(p + "host_checkpoints", "Recurrent checkpoints in the host tier", multiprocess_mode="livesum")
+        self.host_bytes = Gauge(p + "host_bytes", "Bytes held by the host tier", multiprocess_mode="livesum")
+
+    def update(self, device, host, recomputed, discarded, cache) -> None:
+        self.device.inc(device)
+        self.host.inc(host)
+        self.recomputed.inc(recomputed)
+        self.discarded.inc(discarded)
+        self.ckpt_dev.set(cache.device_checkpoint_count())
+        self.ckpt_host.set(cache.host.num_checkpoints)
+        self.host_bytes.set(cache.host.used_bytes)

@@ -265,25 +265,25 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
         req_kv = alloc.alloc(need)
         work_slot = ma.alloc(1)  # the request's own running state
         adopted = resume  # tree holds [0, adopted) of this request
+        base = None  # one value tensor per request: tree nodes keep views of what is inserted
 
         def store(L: int, with_state: bool, kind: str = "") -> None:
-            nonlocal adopted
-            if L <= adopted:
-                return
+            nonlocal adopted, base
             slot = None
             if with_state:
                 if not make_room(0, 1):
                     return
                 slot = ma.alloc(1)
-            value = torch.cat([torch.full((resume,), -1, dtype=torch.int64), req_kv[: L - resume]])
+            if base is None or L > len(base):
+                base = torch.cat([torch.full((resume,), -1, dtype=torch.int64), req_kv[: L - resume]])
             # prev_prefix_len: the tree already holds [0, adopted) of ours; it
             # frees our duplicates of what it holds beyond that itself.
             ins = cache.insert(
-                InsertParams(key=RadixKey(full[:L]), value=value, mamba_value=slot, prev_prefix_len=adopted)
+                InsertParams(key=RadixKey(full[:L]), value=base[:L], mamba_value=slot, prev_prefix_len=min(adopted, L))
             )
-            if ins.prefix_len < resume:
+            if ins.prefix_len < min(resume, L):
                 raise AssertionError(f"tree lost part of a locked prefix: {ins.prefix_len} < {resume}")
-            adopted = L
+            adopted = max(adopted, L)
             if slot is not None:
                 if ins.mamba_exist:
                     ma.free(slot)
@@ -295,13 +295,14 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
         if hybrid:
             if resume > 0:
                 cache.note_resume(node)
-            for pos, kind in cache.placement(P, resume, kv_hit, cfg.grid, cfg.coarse, cfg.stride):
+            # deepest first: shorter inserts then only split nodes and attach states
+            for pos, kind in sorted(cache.placement(P, resume, kv_hit, cfg.grid, cfg.coarse, cfg.stride), reverse=True):
                 store(pos, True, kind)
         else:
             unfinished, final_len = upstream_positions(P, O, resume, branching, cfg.grid, cfg.chunk, cfg.track_interval)
             for pos in unfinished:
                 store(pos, True)
-            if final_len is not None:
+            if final_len is not None and (final_len // page) * page > adopted:
                 store((final_len // page) * page, True)
         if adopted - resume < need:
             alloc.free(req_kv[adopted - resume :])

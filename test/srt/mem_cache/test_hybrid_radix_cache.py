@@ -218,6 +218,28 @@ class TestHybridRadixCache(unittest.TestCase):
             run_request(cache, alloc, pool, toks(100 + i, 250))
         self.assertEqual(cache.match_with_host(sentinel).resume_len, 0)
 
+    def test_dcp_widened_page_keeps_checkpoint_depth_equal_node_depth(self):
+        """Case K8 at the tree level: page 64 x DCP 8 = tree page 512, state grid 64 -> checkpoint grid 512."""
+        grid = checkpoint_grid(64, 64 * 8)
+        cache, alloc, pool = build_cache(
+            "hybrid", 200_000, 50, page_size=512, grid=grid, kv_bytes_per_token=KVB, state_bytes=STB
+        )
+        prompt = toks(7, 20_450)  # not a multiple of 512
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(prompt)))
+        positions = [p for p, _ in cache.placement(len(prompt), m.device_prefix_len, m.full_kv_hit_length, grid)]
+        self.assertEqual(positions, [19_968])  # 39 * 512; the 64-grid point 20,416 is off the page
+        lock = cache.inc_lock_ref(m.last_device_node)
+        kv = alloc.alloc(len(prompt))
+        slot = pool.mamba_allocator.alloc(1)
+        cache.insert(InsertParams(key=RadixKey(prompt[:19_968]), value=kv[:19_968], mamba_value=slot))
+        alloc.free(kv[19_968:])
+        cache.dec_lock_ref(m.last_device_node, lock.to_dec_params())
+        self.assertEqual(list(checkpoint_depths(cache).values()), [19_968])
+        # resent with a continuation: resumes exactly at the checkpoint, on the widened page
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(prompt + toks(8, 300))))
+        self.assertEqual(m.device_prefix_len, 19_968)
+        self.assertEqual(m.device_prefix_len % 512, 0)
+
     def test_bad_arguments(self):
         cache, alloc, pool = hybrid()
         with self.assertRaisesRegex(ValueError, "page_size"):

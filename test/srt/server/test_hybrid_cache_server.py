@@ -91,9 +91,10 @@ class TestHybridCacheServerCases(CustomTestCase):
         cls.model = tiny_kimi_k3()
         cls.on, cls.off = {}, {}
         args = cpu_server_args(max_total_tokens=1600, max_mamba_cache_size=16) + COMMON
-        with LaunchedServer(cls.model, args + ["--hybrid-host-cache-gb", "0.05"], env=STRICT) as s:
+        with LaunchedServer(cls.model, args + ["--hybrid-host-cache-gb", "0.05", "--enable-metrics"], env=STRICT) as s:
             for name, p in CASES:
                 cls.on[name] = generate(s.base_url, p)
+            cls.metrics = requests.get(s.base_url + "/metrics", timeout=30).text
             cls.k3 = cls._abort_then_retry(s.base_url)
             cls.k12_healthy = cls._abort_storm(s.base_url)
             with open(s.log_path, errors="replace") as f:
@@ -178,6 +179,17 @@ class TestHybridCacheServerCases(CustomTestCase):
         self.assertEqual([int(h) for _, h in lines], [0, 320, 0])
         self.assertEqual(self.on["K7 sentinel again"][1], 320)
         self.assertEqual(self.on["K7 sentinel again 2"][1], 320)
+
+    def test_metrics_exported(self):
+        def value(name):
+            m = re.search(r"^" + name + r"(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", self.metrics, re.M)
+            self.assertIsNotNone(m, f"{name} not in /metrics")
+            return float(m.group(1))
+
+        self.assertGreaterEqual(value("sglang_hybrid_cache_host_hit_tokens"), 320)
+        self.assertGreater(value("sglang_hybrid_cache_device_hit_tokens"), 0)
+        self.assertGreaterEqual(value("sglang_hybrid_cache_kv_match_discarded_tokens"), 144)
+        self.assertGreater(value("sglang_hybrid_cache_recomputed_tokens"), 0)
 
     def test_k3_abort_then_retry_equals_cache_off(self):
         self.assertEqual(self.k3["retry"][0], self.k3_off)
