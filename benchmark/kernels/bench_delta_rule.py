@@ -172,16 +172,23 @@ def check_correctness(results):
     poolc = torch.randn(8, H, K, V, device=DEV)
     idc = torch.tensor([1, 5, 2], device=DEV)
     pc = poolc.clone()
-    for tf32 in (False, True):
-        pc = poolc.clone()
-        oc = gated_delta_chunk_triton(qc, kc, vc, fc, bc, A, dtb, cu, pc, idc, gate="kda", lower_bound=LB, tf32=tf32)
-        errs = []
-        for i, s in enumerate(idc.tolist()):
-            sl = slice(int(cu[i]), int(cu[i + 1]))
-            ro, rS, _ = gated_delta_recurrent(l2_norm(qc[sl]), l2_norm(kc[sl]), vc[sl], kda_gate(fc[sl], A, dtb, LB),
-                                              torch.sigmoid(bc[sl]), initial_state=poolc[s], acc_dtype=torch.float64)
-            errs += [rel(oc[sl], ro), rel(pc[s], rS)]
-        out[f"chunk_rel_err_{'tf32' if tf32 else 'fp32'}"] = max(errs)
+    refs = []
+    for i, s in enumerate(idc.tolist()):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        refs.append(gated_delta_recurrent(l2_norm(qc[sl]), l2_norm(kc[sl]), vc[sl], kda_gate(fc[sl], A, dtb, LB),
+                                          torch.sigmoid(bc[sl]), initial_state=poolc[s], acc_dtype=torch.float64)[:2])
+    for method in ("sequential", "parallel"):
+        for tf32 in (False, True):
+            for sd in ((None,) if method == "sequential" else (None, torch.bfloat16)):
+                pc = poolc.clone()
+                oc = gated_delta_chunk_triton(qc, kc, vc, fc, bc, A, dtb, cu, pc, idc, gate="kda", lower_bound=LB, tf32=tf32,
+                                              method=method, scratch_dtype=sd)
+                errs = []
+                for i, s in enumerate(idc.tolist()):
+                    sl = slice(int(cu[i]), int(cu[i + 1]))
+                    errs += [rel(oc[sl], refs[i][0]), rel(pc[s], refs[i][1])]
+                tag = "" if method == "sequential" else "parallel_" + ("bf16scratch_" if sd else "")
+                out[f"chunk_{tag}rel_err_{'tf32' if tf32 else 'fp32'}"] = max(errs)
     results["correctness"] = out
     print("correctness", json.dumps(out))
 
@@ -318,13 +325,29 @@ def bench_gdn(results, ceiling):
     results["gdn_decode_verify"] = rows
 
 
+PREFILL_SHAPES = ((1, 65536), (8, 16384))
+# (name, keyword arguments of gated_delta_chunk_triton); the fastest is reported as "ours"
+PREFILL_VARIANTS = [
+    ("sequential_bt16", dict(method="sequential", tf32=True)),
+    ("parallel_tf32_fp32scratch_bv32", dict(method="parallel", tf32=True, scratch_dtype=torch.float32, num_warps=4)),
+    ("parallel_tf32_bf16scratch_bv32", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, num_warps=4)),
+    ("parallel_tf32_bf16scratch_bv32_w8", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, num_warps=8)),
+    ("parallel_tf32_bf16scratch_bv64", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, value_tile=64,
+                                            num_warps=4)),
+    ("parallel_tf32_bf16scratch_bv64_w8", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, value_tile=64,
+                                               num_warps=8)),
+    ("parallel_fp32_fp32scratch_bv32", dict(method="parallel", tf32=False, num_warps=4)),
+]
+PROFILE = True
+
+
 def bench_prefill(results):
     from fla.ops.kda import chunk_kda
 
     rows = []
     H, K, V = 12, 128, 128
     A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
-    for B, T in ((1, 65536), (8, 16384)):
+    for B, T in PREFILL_SHAPES:
         N = B * T
         q, k, v = (torch.randn(N, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
         f = torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16)
@@ -332,10 +355,32 @@ def bench_prefill(results):
         cu = torch.arange(0, N + 1, T, device=DEV, dtype=torch.int32)
         pool = torch.zeros(B, H, K, V, device=DEV)
         idx = torch.arange(B, device=DEV, dtype=torch.int32)
-        ms = triton.testing.do_bench(lambda: gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda",
-                                                                     lower_bound=LB, tf32=True), warmup=100, rep=500,
-                                     return_mode="median")
-        row = dict(op="kda_chunk_prefill", B=B, T=T, ours_ms=ms, ours_mtok_s=N / (ms * 1e-3) / 1e6)
+        row = dict(op="kda_chunk_prefill", B=B, T=T, variants={})
+        best = None
+        for name, kw in PREFILL_VARIANTS:
+            try:
+                ms = triton.testing.do_bench(lambda: gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda",
+                                                                             lower_bound=LB, **kw), warmup=25, rep=200,
+                                             return_mode="median")
+            except Exception as exc:
+                print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300])
+                continue
+            row["variants"][name] = dict(ms=ms, mtok_s=N / (ms * 1e-3) / 1e6, **{a: str(x) for a, x in kw.items()})
+            if best is None or ms < best[1]:
+                best = (name, ms, kw)
+            print(B, T, name, f"{ms:.3f} ms", f"{N / (ms * 1e-3) / 1e6:.2f} Mtok/s", flush=True)
+        name, ms, kw = best
+        row.update(ours_variant=name, ours_ms=ms, ours_mtok_s=N / (ms * 1e-3) / 1e6)
+        if PROFILE:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB, **kw)
+                torch.cuda.synchronize()
+            row["kernel_us_per_call"] = {e.key: e.device_time_total / 3 for e in prof.key_averages() if e.device_time_total > 0}
+            print(row["kernel_us_per_call"])
+        pool.zero_()
+        o_ours = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB, **kw)
+        s_ours = pool.clone()
         try:
             cu64 = cu.long()
 
@@ -346,7 +391,13 @@ def bench_prefill(results):
                           A_log=A, dt_bias=dtb, cu_seqlens=cu64)
 
             fms = triton.testing.do_bench(fla_call, warmup=100, rep=500, return_mode="median")
-            row.update(fla_ms=fms, fla_mtok_s=N / (fms * 1e-3) / 1e6)
+            row.update(fla_ms=fms, fla_mtok_s=N / (fms * 1e-3) / 1e6, ours_vs_fla=fms / ms)
+            pool.zero_()
+            o_fla, s_fla = chunk_kda(q.view(1, N, H, K), k.view(1, N, H, K), v.view(1, N, H, V), f.view(1, N, H, K),
+                                     b.view(1, N, H), scale=K ** -0.5, initial_state=pool, output_final_state=True,
+                                     use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                                     safe_gate=True, lower_bound=LB, A_log=A, dt_bias=dtb, cu_seqlens=cu64)
+            row.update(rel_diff_o_vs_fla=rel(o_ours, o_fla.view(N, H, V)), rel_diff_state_vs_fla=rel(s_ours, s_fla))
         except Exception as exc:
             row.update(fla_ms=None)
             print("fla chunk", type(exc).__name__, str(exc)[:300])
@@ -359,7 +410,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
     p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,bench_prefill")
+    p.add_argument("--prefill-variants", default=None, help="comma list of PREFILL_VARIANTS names to time (default: all)")
     args = p.parse_args()
+    if args.prefill_variants:
+        keep = args.prefill_variants.split(",")
+        PREFILL_VARIANTS[:] = [x for x in PREFILL_VARIANTS if x[0] in keep]
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     import sys

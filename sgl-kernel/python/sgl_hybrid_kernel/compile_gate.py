@@ -163,7 +163,30 @@ def kernel_configs() -> List[KernelConfig]:
         ("gdn_chunk_bv32", dict(H=16, HV=48, GATE=GATE_GDN, FACTORIZED=False)),
     ):
         out.append(KernelConfig(name, gated_delta_chunk_kernel, dict(K=128, V=128, **extra, **chunk), num_warps=8, targets=("sm90",)))
+    out += chunk_parallel_configs()
     return out + attention_moe_configs()
+
+
+def chunk_parallel_configs() -> List[KernelConfig]:
+    """Multi-kernel chunked prefill (chunk 64, ``triton_chunk_parallel.py``), BF16 activations and
+    intermediates, at the launch parameters of ``chunk_parallel.py``. Only its spill-free launches
+    are gated (the output kernel on all three targets, the gate cumsum on sm_90); the in-chunk and
+    state-passing kernels still spill on sm_90 (docs/kernels.md)."""
+    from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import chunk_gate_cumsum_kernel, chunk_output_kernel
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+
+    sig = {"cidx_ptr": "*i32", "vn_ptr": "*bf16", "h_ptr": "*bf16"}
+    return [
+        KernelConfig("kda_chunk64_gate_cumsum", chunk_gate_cumsum_kernel,
+                     dict(HV=12, K=128, BK=128, BT=64, GATE=GATE_KDA_SAFE), num_warps=4, targets=("sm90",),
+                     signature={"cidx_ptr": "*i32"}),  # spills on gfx942 / gfx950
+        KernelConfig("kda_chunk64_output_bv32", chunk_output_kernel,
+                     dict(H=12, HV=12, K=128, V=128, BK=128, BV=32, BT=64, GATE=GATE_KDA_SAFE, L2NORM=True, TF32=True),
+                     num_warps=8, signature=sig),
+        KernelConfig("gdn_chunk64_output_bv32", chunk_output_kernel,
+                     dict(H=16, HV=48, K=128, V=128, BK=128, BV=32, BT=64, GATE=GATE_GDN, L2NORM=True, TF32=True),
+                     num_warps=8, signature=sig),
+    ]
 
 
 def attention_moe_configs() -> List[KernelConfig]:
