@@ -41,6 +41,23 @@ ANCHORS: List[Anchor] = [
         snippet="linear_attn_backend = KDAAttnBackend(runner)",
     ),
     Anchor(
+        "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend",
+        "class REPLACE with HybridGDNAttnBackend (Qwen3.8 CPU path; GPU defers to upstream)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",
+        "upstream builds GDNAttnBackend for hybrid GDN configs (Qwen4ExpTextConfig) inside this function",
+        snippet="linear_attn_backend = GDNAttnBackend(runner)",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.short_conv_layer_cache",
+        "the Qwen3.8 reference model keeps its PLE short-conv windows in upstream's PLE side pool",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.get_ngram_context",
+        "the Qwen3.8 reference model keeps its n-gram token context in upstream's PLE side pool",
+    ),
+    Anchor(
         "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__",
         "AROUND hook installing SglHybridKDAKernel for --linear-attn-*-backend sgl_hybrid",
         snippet="def __init__(",
@@ -48,6 +65,82 @@ ANCHORS: List[Anchor] = [
     Anchor(
         "sglang.srt.arg_groups.choices.add_linear_attn_kernel_backend_choices",
         "registers sgl_hybrid as a --linear-attn-*-backend choice",
+    ),
+    # Wiring of our GDN / KDA kernels (issue 4): layers/attention/gdn_kernel.py, kda_kernel.py.
+    Anchor(
+        "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.__init__",
+        "AROUND hook installing SglHybridGDNKernel for --linear-attn-*-backend sgl_hybrid (tree verify stays upstream's)",
+        snippet="self.tree_verify_kernel = triton_kernel",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend._prefill_gates",
+        "SglHybridGDNKernel.extend receives the gated (g, beta) of fused_gdn_gating and inverts them for our kernel",
+        snippet="fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.linear.utils.resolve_linear_attn_backends",
+        "an unset verify backend resolves to triton; our hooks make verify follow decode when decode is sgl_hybrid",
+        snippet='verify = decode.value if decode.is_flashinfer() else "triton"',
+    ),
+    # --attention-backend sgl_hybrid_mla (issue 5): layers/attention/mla_backend.py.
+    Anchor(
+        "sglang.srt.layers.attention.attention_registry.register_attention_backend",
+        "registers the sgl_hybrid_mla attention backend factory",
+    ),
+    Anchor(
+        "sglang.srt.arg_groups.choices.add_attention_backend_choices",
+        "adds sgl_hybrid_mla to the --attention-backend choices",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
+        "sgl_hybrid_mla replaces the instance attribute decode_attention_fwd with SglHybridMLADecode",
+        snippet="self.decode_attention_fwd = torch.compiler.disable(decode_attention_fwd)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
+        "SglHybridMLADecode is called with upstream's signature; the DCP path reduces attn_lse over splits",
+        snippet="local_lse = torch.logsumexp(",
+    ),
+    # MoE routing and AttnRes + RMSNorm hooks (issue 5): layers/moe/routing_hook.py, layers/attn_res_hook.py.
+    Anchor(
+        "sglang.srt.layers.moe.topk.select_experts",
+        "routing_hook: select_experts reaches the module-level names our AROUND hooks wrap",
+        snippet="topk_weights, topk_ids = biased_grouped_topk(",
+    ),
+    Anchor(
+        "sglang.srt.layers.moe.topk.select_experts",
+        "routing_hook: the softmax (Qwen) route goes through fused_topk",
+        snippet="topk_weights, topk_ids = fused_topk(",
+    ),
+    Anchor(
+        "sglang.srt.layers.moe.topk.biased_grouped_topk_gpu",
+        "routing_hook: AROUND hook keeps upstream's (hidden_states, gating_output, correction_bias, topk, ...) signature",
+        snippet="apply_routed_scaling_factor_on_output: Optional[bool] = False,",
+    ),
+    Anchor(
+        "sglang.srt.models.kimi_k3.KimiK3MoE.__init__",
+        "Kimi K3 routes through upstream's TopK (grouped sigmoid with correction bias)",
+        snippet="self.topk = TopK(",
+    ),
+    Anchor(
+        "sglang.srt.layers.attn_residual.AttnResidual.forward",
+        "attn_res_hook: AttnResidual.forward calls the module-level aggregation functions we wrap",
+        snippet="normed, prefix = _aggregate_fused_add(",
+    ),
+    Anchor(
+        "sglang.srt.layers.attn_residual._aggregate",
+        "attn_res_hook: AROUND hook (score -> softmax -> mix -> RMSNorm on our fused kernel, GPU only)",
+        snippet="write_bank_row: bool = False,",
+    ),
+    Anchor(
+        "sglang.srt.layers.layer_boundary.residual.attn_bank.AttnBankState._aggregate",
+        "Kimi K3's residual stream reads go through AttnResidual.forward",
+        snippet="return bank.forward(",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.target_verify",
+        "SglHybridKDAKernel.target_verify is called with upstream's verify signature",
+        snippet="return self.verify_kernel.target_verify(",
     ),
     Anchor(
         "sglang.srt.configs.linear_attn_model_registry.register_linear_attn_model",
@@ -67,6 +160,106 @@ ANCHORS: List[Anchor] = [
         "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode",
         "CPU: this pins the track mask unconditionally; we make pin_memory a no-op without a GPU",
         snippet="track_mask_cpu.pin_memory()",
+    ),
+    # Boot gates (sglang_hybrid.boot.hooks, issue 9)
+    Anchor(
+        "sglang.srt.server_args.ServerArgs.add_cli_args",
+        "AFTER hook adding --skip-boot-gates to upstream's parser",
+        snippet="def add_cli_args(parser",
+    ),
+    Anchor(
+        "sglang.srt.server_args.ServerArgs.from_cli_args",
+        "AROUND hook exporting --skip-boot-gates as SGLANG_HYBRID_SKIP_BOOT_GATES=1 (the record has no such field)",
+        snippet="def from_cli_args(cls, args",
+    ),
+    Anchor(
+        "sglang.srt.model_executor.model_runner.ModelRunner.initialize",
+        "the boot gates run BEFORE load_model, which initialize calls once the device is set",
+        snippet="self.load_model()",
+    ),
+    Anchor(
+        "sglang.srt.model_executor.model_runner.ModelRunner.load_model",
+        "BEFORE hook: op table + boot gates, before the weights load",
+        snippet="def load_model(self",
+    ),
+    # Hybrid radix cache (sglang_hybrid.mem_cache, issue 3)
+    Anchor(
+        "sglang.srt.mem_cache.registry.default_radix_cache_factory",
+        "AROUND hook: our hybrid architectures get --radix-cache-backend hybrid by default",
+        snippet="def default_radix_cache_factory(ctx",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.registry.create_unified_radix_cache",
+        "our factory builds HybridRadixCache through upstream's builder (components, HiCache checks)",
+        snippet="cache = (cache_class or UnifiedRadixCache)(params)",
+    ),
+    Anchor(
+        "sglang.srt.managers.schedule_policy.PrefillAdder._select_prefill_admission",
+        "AROUND hook ending a prefill chunk at the branch point so branch point and prompt end both get checkpoints",
+        snippet="return _PrefillAdmission(",
+    ),
+    Anchor(
+        "sglang.srt.managers.schedule_batch.ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend",
+        "upstream tracks the branch point instead of the chunk end when it falls inside the chunk (why we split there)",
+        snippet="if req.mamba_branching_seqlen is not None:",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent._evict_device_start",
+        "ValueAwareMambaComponent reorders the MAMBA LRU before upstream's eviction walk",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.evict_component",
+        "host tier: a checkpoint leaving the device is copied to host memory first",
+        snippet="cd.value = None",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.unified_cache.components.full.FullComponent.evict_component",
+        "host tier: a KV segment leaving the device is copied to host memory first",
+    ),
+    Anchor(
+        "sglang.srt.mem_cache.memory_pool.MambaPool.get_cpu_copy",
+        "host tier payload of a checkpoint (and load_cpu_copy to restore it)",
+    ),
+    # Speculative depth controller (sglang_hybrid.speculative.controller_hooks, issue 7);
+    # ServerArgs.add_cli_args / from_cli_args are anchored above (AFTER hooks for the flag)
+    Anchor(
+        "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__",
+        "AFTER hook replacing adaptive_controller.params (upstream's EMA policy) with ours",
+        snippet="self.adaptive_controller = AdaptiveController(",
+    ),
+    Anchor(
+        "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+        "AROUND hook: request ids of a decode batch / timer mark at prefill; decode asks the policy here",
+        snippet="self.activate_step_by_batch(batch.seq_lens.shape[0])",
+    ),
+    Anchor(
+        "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_verify_complete_cpu",
+        "accept lengths reach the policy through AdaptiveController.on_verify_complete",
+        snippet="self.adaptive_controller.on_verify_complete(",
+    ),
+    Anchor(
+        "sglang.srt.speculative.adaptive_runtime_state.AdaptiveController.activate_step_by_batch",
+        "the policy protocol our CycleCostDepthPolicy implements (get_steps_for_batch per decode step)",
+        snippet="self.params.get_steps_for_batch(batch_size)",
+    ),
+    Anchor(
+        "sglang.srt.speculative.adaptive_spec_params.resolve_candidate_steps_from_config",
+        "the depths whose runtime states upstream builds (our controller chooses among them)",
+    ),    # NaN guard before sampling (sglang_hybrid.reliability.nan_guard, issue 11)
+    Anchor(
+        "sglang.srt.model_executor.model_runner.ModelRunner.sample",
+        "BEFORE hook: rows of non-finite logits are zeroed and their request ids remembered",
+        snippet="def sample(\n        self,\n        logits_output: LogitsProcessorOutput,\n        forward_batch: ForwardBatch,",
+    ),
+    Anchor(
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        "BEFORE hook: a request with non-finite logits gets FINISH_ABORT (HTTP 500) before its token is used",
+        snippet="def process_batch_result(",
+    ),
+    Anchor(
+        "sglang.srt.managers.schedule_batch.FINISH_ABORT",
+        "the NaN guard's abort carries status_code / err_type to the tokenizer manager (HTTP 500)",
+        snippet="def __init__(self, message=None, status_code=None, err_type=None):",
     ),
 ]
 

@@ -12,7 +12,13 @@ again in every scheduler / detokenizer process. It
    KDA backend, for upstream's own model classes on GPU);
 5. rejects out-of-vocabulary ``input_ids`` with HTTP 400 (upstream crashes);
 6. on CPU: registers the plain-torch reference models under upstream's
-   architecture names and installs the CPU hooks of ``platforms/cpu.py``.
+   architecture names and installs the CPU hooks of ``platforms/cpu.py``;
+8. registers the hybrid radix cache (``--radix-cache-backend hybrid``, default
+   for our models) and ``--hybrid-host-cache-gb`` (``mem_cache/serving.py``);
+7. adds ``--skip-boot-gates`` and hooks the start-up op table + boot gates
+   (``boot/hooks.py``: they run in each scheduler before the weights load);
+9. installs the NaN guard before sampling (``reliability/nan_guard.py``): a request
+   whose logits are not finite fails alone with HTTP 500.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ def register() -> None:
         raise SystemExit(f"sglang-hybrid: {exc}") from exc
 
     platform = current_platform()
-    logger.info("sglang-hybrid plugin: platform=%s (%s)", platform.device, platform.reason)
+    logger.info("sglang-hybrid plugin: platform=%s", platform.describe())
 
     from sglang.srt.configs.kimi_linear import KimiLinearConfig
     from sglang.srt.configs.linear_attn_model_registry import LinearAttnModelSpec, register_linear_attn_model
@@ -63,11 +69,55 @@ def register() -> None:
     HookRegistry.register(
         "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend", HybridKDAAttnBackend, HookType.REPLACE
     )
+    # Qwen3.8-Flash-Next (upstream qwen4_exp): upstream already treats its config as
+    # hybrid GDN; the spec records the same facts for our registry readers, and the
+    # GDN backend gets our CPU path (GPU unchanged).
+    from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
+
+    from sglang_hybrid.layers.attention.gdn_backend import HybridGDNAttnBackend
+    from sglang_hybrid.models.qwen38 import ARCHITECTURE as QWEN38
+
+    register_linear_attn_model(
+        LinearAttnModelSpec(
+            config_class=Qwen4ExpTextConfig,
+            backend_class_name="sglang_hybrid.layers.attention.gdn_backend.HybridGDNAttnBackend",
+            arch_names=[QWEN38],
+            uses_mamba_radix_cache=True,
+            support_mamba_cache=True,
+            support_mamba_cache_extra_buffer=True,
+            unwrap_text_config=True,
+        )
+    )
+    HookRegistry.register(
+        "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend", HybridGDNAttnBackend, HookType.REPLACE
+    )
+    from sglang_hybrid.boot import hooks as boot_hooks
     from sglang_hybrid.entrypoints import validation
     from sglang_hybrid.layers.attention import kda_kernel
 
     validation.install()
     kda_kernel.install()
+    from sglang_hybrid.layers.attention import gdn_kernel
+
+    gdn_kernel.install()  # --linear-attn-backend sgl_hybrid for GDN (Qwen3.8), docs/kernels.md#wiring
+    from sglang_hybrid.layers.attention import mla_backend
+
+    mla_backend.install()  # --attention-backend sgl_hybrid_mla (Kimi K3 MLA decode), docs/kernels.md#wiring
+    from sglang_hybrid.layers import attn_res_hook
+    from sglang_hybrid.layers.moe import routing_hook
+
+    routing_hook.install()  # upstream TopK routing -> our kernel on GPU/ROCm (CPU unchanged)
+    attn_res_hook.install()  # upstream AttnRes aggregation -> our fused kernel on GPU/ROCm (CPU unchanged)
+    from sglang_hybrid.mem_cache import serving as hybrid_cache
+
+    hybrid_cache.install()  # --radix-cache-backend hybrid, default for our models (docs/hybrid-cache.md)
+    boot_hooks.install()
+    from sglang_hybrid.speculative import controller_hooks
+
+    controller_hooks.install()  # --speculative-depth-controller (docs/speculative.md)
+    from sglang_hybrid.reliability import nan_guard
+
+    nan_guard.install()  # NaN/inf logits fail only their request (docs/reliability.md)
 
     if platform.is_cpu:
         from sglang.srt.models.registry import ModelRegistry
@@ -76,6 +126,10 @@ def register() -> None:
         from sglang_hybrid.platforms import cpu
 
         ModelRegistry.models[KIMI_K3] = KimiK3ReferenceForCausalLM
+        from sglang_hybrid.models.qwen38 import Qwen38ReferenceForConditionalGeneration
+
+        ModelRegistry.models[QWEN38] = Qwen38ReferenceForConditionalGeneration
+        logger.info("sglang-hybrid: %s served by the plain-torch reference model (CPU)", QWEN38)
         cpu.default_conv_state_fp32()
         cpu.allow_extra_buffer()
         cpu.pin_memory_noop_without_gpu()
