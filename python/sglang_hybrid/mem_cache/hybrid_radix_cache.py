@@ -685,20 +685,31 @@ class HybridRadixCache(UnifiedRadixCache):
 class HostPayloadStore:
     """Host copies of KV rows and checkpoint tensors, keyed like :class:`HostTier`.
 
-    KV is copied per evicted tree node (``kvcache.get_cpu_copy`` of its rows,
-    one tensor per layer) and addressed per page; a checkpoint is the state
-    pool's ``get_cpu_copy`` of its slot. Copies are synchronous (upstream's
-    copy helpers synchronise the device stream), so a restored entry is in
-    place before the scheduler uses it; on a GPU this is the simple, correct
-    path, not the overlapped one.
+    KV is copied per evicted tree node (its rows of every full-attention layer)
+    and addressed per page; a checkpoint is its slot's conv windows and
+    recurrent state. Copies go through :class:`~sglang_hybrid.mem_cache.host_copy.HostCopier`:
+    asynchronous write-back on a GPU (side stream, pinned memory, the compute
+    stream waits on the device before reusing the freed slots) with an explicit
+    synchronisation before a restored entry is used; synchronous on a CPU.
+    Pools this does not know (DCP-interleaved KV, state pools with side slots)
+    use upstream's synchronous ``get_cpu_copy`` / ``load_cpu_copy``.
     """
 
     def __init__(self, cache: "HybridRadixCache"):
+        from sglang_hybrid.mem_cache.host_copy import HostCopier
+
         self.cache = cache
-        self._segments: Dict[int, Tuple[list, int]] = {}  # seg id -> (per-layer rows, live pages)
+        self._segments: Dict[int, list] = {}  # seg id -> [HostCopy | per-layer rows, live pages]
         self._page_loc: Dict[bytes, Tuple[int, int]] = {}
         self._states: Dict[bytes, object] = {}
         self._next = 0
+        kv = self._kv_pool()
+        bufs = getattr(kv, "kv_buffer", None)
+        self._kv_direct = bool(bufs) and getattr(kv, "_write_loc_dcp_span", 1) in (None, 1)
+        mp, _ = self._mamba_pool()
+        self._state_direct = not getattr(mp, "_slot_siblings", None)
+        dev = bufs[0].device if bufs else torch_device_cpu()
+        self.copier = HostCopier(dev)
 
     def _kv_pool(self):
         kv = self.cache.token_to_kv_pool_allocator.get_kvcache()
@@ -708,17 +719,26 @@ class HostPayloadStore:
         pool = self.cache.req_to_token_pool
         return pool.mamba_pool, pool.translate_mamba_indices
 
+    def _state_buffers(self):
+        mc = self._mamba_pool()[0].mamba_cache
+        return list(mc.conv) + [mc.temporal]
+
     def save_kv(self, page_hashes: List[bytes], indices) -> None:
-        import torch
+        from sglang_hybrid.mem_cache.host_copy import HostCopy
 
         todo = [i for i, h in enumerate(page_hashes) if h not in self._page_loc]
         if not todo:
             return
-        per_layer = self._kv_pool().get_cpu_copy(indices)
-        rows = [torch.cat(chunks) if len(chunks) else None for chunks in per_layer]
+        if self._kv_direct:
+            copy = self.copier.save(self._kv_pool().kv_buffer, indices.view(-1), dim=0)
+        else:
+            import torch
+
+            per_layer = self._kv_pool().get_cpu_copy(indices)
+            copy = HostCopy([torch.cat(c) if len(c) else None for c in per_layer], None, 0)
         sid = self._next
         self._next += 1
-        self._segments[sid] = [rows, len(todo)]
+        self._segments[sid] = [copy, len(todo)]
         for i in todo:
             self._page_loc[page_hashes[i]] = (sid, i)
 
@@ -726,7 +746,11 @@ class HostPayloadStore:
         if h in self._states:
             return
         pool, translate = self._mamba_pool()
-        self._states[h] = pool.get_cpu_copy(translate(slot.view(-1)))
+        idx = translate(slot.view(-1))
+        if self._state_direct:
+            self._states[h] = self.copier.save(self._state_buffers(), idx, dim=1)
+        else:
+            self._states[h] = pool.get_cpu_copy(idx)
 
     def drop(self, kind: str, h: bytes) -> None:
         if kind == "s":
@@ -746,26 +770,48 @@ class HostPayloadStore:
     def load(self, page_hashes: List[bytes], kv_indices, state_hash: bytes, slot) -> None:
         import torch
 
+        from sglang_hybrid.mem_cache.host_copy import HostCopy
+
         page = self.cache.page_size
         if page_hashes:
-            pool = self._kv_pool()
-            nlayers = len(self._segments[self._page_loc[page_hashes[0]][0]][0])
-            per_layer = []
+            copies = [self._segments[self._page_loc[h][0]][0] for h in page_hashes]
+            for c in copies:
+                c.wait()  # explicit synchronisation before first use
+            nlayers = len(copies[0].tensors)
+            rows = []
             for layer in range(nlayers):
                 parts = []
-                for h in page_hashes:
-                    sid, pi = self._page_loc[h]
-                    rows = self._segments[sid][0][layer]
-                    parts.append(None if rows is None else rows[pi * page : (pi + 1) * page])
-                if any(p is None for p in parts):
-                    per_layer.append([])
-                    continue
-                full = torch.cat(parts)
-                chunk = getattr(pool, "cpu_offloading_chunk_size", len(full)) or len(full)
-                per_layer.append([full[i : i + chunk] for i in range(0, len(full), chunk)])
-            pool.load_cpu_copy(per_layer, kv_indices)
+                for h, c in zip(page_hashes, copies):
+                    t = c.tensors[layer]
+                    pi = self._page_loc[h][1]
+                    parts.append(None if t is None else t[pi * page : (pi + 1) * page])
+                rows.append(None if any(x is None for x in parts) else torch.cat(parts))
+            pool = self._kv_pool()
+            if self._kv_direct:
+                self.copier.load(HostCopy(rows, None, 0), pool.kv_buffer, kv_indices.view(-1))
+            else:
+                chunk = getattr(pool, "cpu_offloading_chunk_size", None)
+                per_layer = []
+                for r in rows:
+                    if r is None:
+                        per_layer.append([])
+                        continue
+                    c = chunk or len(r)
+                    per_layer.append([r[i : i + c] for i in range(0, len(r), c)])
+                pool.load_cpu_copy(per_layer, kv_indices)
         mpool, translate = self._mamba_pool()
-        mpool.load_cpu_copy(self._states[state_hash], translate(slot.view(-1)))
+        idx = translate(slot.view(-1))
+        state = self._states[state_hash]
+        if self._state_direct:
+            self.copier.load(state, self._state_buffers(), idx)
+        else:
+            mpool.load_cpu_copy(state, idx)
+
+
+def torch_device_cpu():
+    import torch
+
+    return torch.device("cpu")
 
 
 class _PromCounters:
