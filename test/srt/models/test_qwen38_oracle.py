@@ -46,7 +46,7 @@ class TestQwen38OracleAgainstTransformers(unittest.TestCase):
     def tearDownClass(cls):
         torch.set_num_threads(cls.threads)
 
-    def _compare(self, ids, atol):
+    def _assert_matches_oracle(self, ids, atol):
         with torch.no_grad():
             ref = self.hf(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
         got = self.oracle.logits(ids)
@@ -59,7 +59,7 @@ class TestQwen38OracleAgainstTransformers(unittest.TestCase):
         ids = [rng.randrange(1, 900) for _ in range(40)]
         for i in (6, 7, 20, 33):
             ids[i] = EOS
-        got = self._compare(ids, atol=2e-6)
+        got = self._assert_matches_oracle(ids, atol=2e-6)
         self.assertGreater(float(got.std()), 0.1)  # not a degenerate output
 
     def test_sparse_qsa_past_the_budget(self):
@@ -67,7 +67,7 @@ class TestQwen38OracleAgainstTransformers(unittest.TestCase):
         rng = random.Random(1)
         ids = [rng.randrange(10, 900) for _ in range(1040)]
         # transformers computes its RoPE angles in FP32: a few 1e-7 at position ~1,000
-        self._compare(ids, atol=2e-6)
+        self._assert_matches_oracle(ids, atol=2e-6)
 
 
 if __name__ == "__main__":
