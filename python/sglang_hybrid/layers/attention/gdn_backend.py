@@ -34,6 +34,7 @@ from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
+from sglang_hybrid.layers.attention.cpu_metadata import CpuLinearAttnMetadataMixin
 from sglang_hybrid.platforms import current_platform
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
 
 
-class HybridGDNAttnBackend(GDNAttnBackend):
+class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
     """Upstream's GDN backend, with a plain-torch path on CPU (see module docstring)."""
 
     def __init__(self, model_runner):
@@ -59,20 +60,6 @@ class HybridGDNAttnBackend(GDNAttnBackend):
         self._use_strided_target_verify_qkv = False
         for op in ("gdn_prefill", "gdn_decode", "causal_conv1d"):
             record_choice(op, "torch", "CPU platform: plain-torch reference", log=logger)
-
-    # ------------------------------------------------------------------ metadata
-    def init_forward_metadata(self, forward_batch):
-        if not self._torch_path:
-            return super().init_forward_metadata(forward_batch)
-        MambaAttnBackendBase.init_forward_metadata(self, forward_batch)
-        md = self.forward_metadata
-        if md.has_mamba_track_mask:
-            if md.mamba_track_mask_indices is None:
-                md.mamba_track_mask_indices = forward_batch.mamba_track_mask.nonzero(as_tuple=True)[0]
-            md.conv_states_mask_indices = forward_batch.mamba_track_indices[md.mamba_track_mask_indices]
-
-    def supports_prefill_graph_extend(self) -> bool:
-        return False if self._torch_path else super().supports_prefill_graph_extend()
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

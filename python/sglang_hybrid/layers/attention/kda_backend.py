@@ -32,12 +32,13 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBack
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 
 from sglang_hybrid.layers.attention.kda_kernel import SglHybridKDAKernel
+from sglang_hybrid.layers.attention.cpu_metadata import CpuLinearAttnMetadataMixin
 from sglang_hybrid.platforms import current_platform
 
 logger = logging.getLogger(__name__)
 
 
-class HybridKDAAttnBackend(KDAAttnBackend):
+class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
     """Upstream's KDA backend, with a plain-torch path on CPU (see module docstring)."""
 
     def __init__(self, model_runner):
@@ -59,20 +60,6 @@ class HybridKDAAttnBackend(KDAAttnBackend):
         self._fused_chain_verify_fn = None
         for op in ("kda_prefill", "kda_decode", "causal_conv1d"):
             record_choice(op, "torch", "CPU platform: plain-torch reference", log=logger)
-
-    # ------------------------------------------------------------------ metadata
-    def init_forward_metadata(self, forward_batch):
-        if not self._torch_path:
-            return super().init_forward_metadata(forward_batch)
-        MambaAttnBackendBase.init_forward_metadata(self, forward_batch)
-        md = self.forward_metadata
-        if md.has_mamba_track_mask:
-            if md.mamba_track_mask_indices is None:
-                md.mamba_track_mask_indices = forward_batch.mamba_track_mask.nonzero(as_tuple=True)[0]
-            md.conv_states_mask_indices = forward_batch.mamba_track_indices[md.mamba_track_mask_indices]
-
-    def supports_prefill_graph_extend(self) -> bool:
-        return False if self._torch_path else super().supports_prefill_graph_extend()
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
