@@ -57,6 +57,8 @@ def chosen_paths() -> List[KernelChoice]:
 
 OP_MODULES: List[str] = [
     "sgl_hybrid_kernel.delta_rule.ops",
+    "sgl_hybrid_kernel.norm.ops",
+    "sgl_hybrid_kernel.moe.experts",
 ]
 
 

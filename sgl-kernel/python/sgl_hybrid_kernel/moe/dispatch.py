@@ -4,6 +4,8 @@ Triton contract (else torch, reason logged once): ``M <= 160`` rows (decode and
 verify batches; seeds digest item 14), ``M * k' <= 4096`` routing entries, at most
 65,535 experts. aiter's ``biased_grouped_topk`` / ``topk_softmax`` return ids and
 weights only (no sorted layout, no shared slot), so ROCm also takes Triton here.
+The expert compute after routing is dispatched in ``moe.experts`` (aiter's
+``fused_moe`` on ROCm through ``moe.aiter_adapter``, else plain torch).
 """
 
 from __future__ import annotations

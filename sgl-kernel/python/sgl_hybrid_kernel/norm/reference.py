@@ -1,11 +1,13 @@
 """Plain-torch normalisation references.
 
-All three compute in FP32 and return the input dtype, matching the rounding of
+All of them compute in FP32 and return the input dtype, matching the rounding of
 SGLang's ``RMSNorm.forward_native`` (normalise in FP32, multiply by the weight
 in FP32, round once) and fla's gated RMSNorm.
 """
 
 from __future__ import annotations
+
+from typing import Tuple
 
 import torch
 
@@ -26,6 +28,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (xf * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm, as SGLang's ``RMSNorm.forward_native(x, residual)``.
+
+    Args:
+        x: ``[..., D]`` sub-layer output; residual: same shape and dtype.
+        weight: ``[D]``; eps: as :func:`rms_norm`.
+
+    Returns:
+        ``(normed, residual_out)``, both in ``x.dtype``: ``s = x + residual`` in FP32,
+        ``residual_out = s`` rounded once, ``normed = rms_norm(s)`` from the FP32 sum.
+
+    Raises:
+        ValueError: ``residual`` of another shape than ``x``.
+    """
+    if residual.shape != x.shape:
+        raise ValueError(f"residual: shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    s = x.float() + residual.float()
+    normed = s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+    return normed.to(x.dtype), s.to(x.dtype)
 
 
 def gated_rms_norm(
