@@ -283,6 +283,7 @@ class CacheMetrics:
     cut_back_requests: int = 0
     host_to_device_bytes: int = 0
     checkpoints_stored: int = 0
+    budget_evictions: int = 0  # inserts after which the joint device budget made the cache evict
     per_request: List[Dict[str, int]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> Dict[str, int]:
@@ -573,6 +574,26 @@ class HybridRadixCache(UnifiedRadixCache):
             max(0, res.full_kv_hit_length - resume),
         )
         return res
+
+    def checkpoint(self, req, *, up_to: int, **kwargs) -> None:
+        """Upstream's insert of ``req``'s tokens ``[.., up_to)``; with a joint device
+        budget (``--hybrid-device-cache-gb``) the cache then evicts by value until
+        the KV + checkpoint bytes in use fit it (entries locked by running requests
+        are never evicted, so a budget below their needs only empties the cache)."""
+        super().checkpoint(req, up_to=up_to, **kwargs)
+        if self.device_budget_bytes is None:
+            return
+        before = self.device_used_bytes()
+        if before <= self.device_budget_bytes:
+            return
+        ckpts = self.device_checkpoint_count()
+        fits = self.enforce_budget()
+        self.metrics.budget_evictions += 1
+        logger.info(
+            "hybrid-cache joint budget: used %d -> %d B (budget %d B), checkpoints %d -> %d%s",
+            before, self.device_used_bytes(), self.device_budget_bytes, ckpts, self.device_checkpoint_count(),
+            "" if fits else " (locked entries exceed the budget)",
+        )
 
     def _make_room(self, kv_tokens: int, slots: int) -> bool:
         reserve = kv_tokens * self.kv_bytes_per_token + slots * self.state_bytes

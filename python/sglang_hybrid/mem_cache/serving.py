@@ -6,15 +6,17 @@
   everything else, and for ours when HiCache / LMCache / a disabled cache is asked for).
 * AROUND ``PrefillAdder._select_prefill_admission``: split a prefill chunk at the
   branch point so both the branch point and the prompt end get checkpoints.
-* ``--hybrid-host-cache-gb G`` (AFTER ``ServerArgs.add_cli_args``; AROUND
-  ``ServerArgs.from_cli_args`` exports it as ``SGLANG_HYBRID_HOST_CACHE_GB`` to the
-  scheduler processes, since ``ServerArgs`` has no field for it).
+* ``--hybrid-host-cache-gb G`` and ``--hybrid-device-cache-gb G`` (AFTER
+  ``ServerArgs.add_cli_args``; AROUND ``ServerArgs.from_cli_args`` exports them as
+  ``SGLANG_HYBRID_HOST_CACHE_GB`` / ``SGLANG_HYBRID_DEVICE_CACHE_GB`` to the
+  scheduler processes, since ``ServerArgs`` has no field for them).
 
 | component | ours | upstream 0.5.23 |
 |---|---|---|
 | tree, locks, allocators | upstream's ``UnifiedRadixCache`` (python tree core) | same |
 | checkpoint eviction order | interior first, then LRU | LRU |
 | branch point and prompt end in one chunk | both stored (the chunk is split at the branch point) | branch point only |
+| device budget | ``--hybrid-device-cache-gb``: one byte budget for KV + checkpoints in use, value-aware eviction between them | two pools split by ``--mamba-full-memory-ratio`` |
 | host tier | ``--hybrid-host-cache-gb``: KV pages + checkpoints, restored together | HiCache (GPU only) |
 | metrics | device / host / recomputed / KV matches discarded, per request in the log | cached_tokens |
 """
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 BACKEND_NAME = "hybrid"
 HOST_FLAG = "--hybrid-host-cache-gb"
 HOST_ENV = "SGLANG_HYBRID_HOST_CACHE_GB"
+DEVICE_FLAG = "--hybrid-device-cache-gb"
+DEVICE_ENV = "SGLANG_HYBRID_DEVICE_CACHE_GB"
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
@@ -36,15 +40,29 @@ DEFAULT_FACTORY = "sglang.srt.mem_cache.registry.default_radix_cache_factory"
 SELECT_ADMISSION = "sglang.srt.managers.schedule_policy.PrefillAdder._select_prefill_admission"
 
 
-def _host_budget_bytes() -> int:
-    raw = os.environ.get(HOST_ENV, "0") or "0"
+def _gb_env(env: str, flag: str):
+    raw = os.environ.get(env)
+    if raw is None or raw == "":
+        return None
     try:
         gb = float(raw)
     except ValueError as exc:
-        raise ValueError(f"{HOST_ENV} must be a number of GB, got {raw!r}") from exc
+        raise ValueError(f"{env} must be a number of GB, got {raw!r}") from exc
     if gb < 0:
-        raise ValueError(f"{HOST_FLAG} must be >= 0, got {gb}")
+        raise ValueError(f"{flag} must be >= 0, got {gb}")
     return int(gb * 1_000_000_000)
+
+
+def _host_budget_bytes() -> int:
+    return _gb_env(HOST_ENV, HOST_FLAG) or 0
+
+
+def _device_budget_bytes():
+    """Joint device budget in bytes, or None (upstream's two separately sized pools)."""
+    b = _gb_env(DEVICE_ENV, DEVICE_FLAG)
+    if b is not None and b <= 0:
+        raise ValueError(f"{DEVICE_FLAG} must be > 0 (omit it to keep upstream's separate pools)")
+    return b
 
 
 def _pool_bytes(params) -> tuple:
@@ -53,9 +71,13 @@ def _pool_bytes(params) -> tuple:
     try:
         kv = params.token_to_kv_pool_allocator.get_kvcache()
         full = getattr(kv, "full_kv_pool", kv)
-        bufs = getattr(full, "kv_buffer", None)
-        if bufs:
-            kv_b = max(1, sum(b[0].numel() * b.element_size() for b in bufs if b.shape[0]))
+        # MLA pools hold one latent buffer per layer (kv_buffer); MHA pools (QSA) K and V.
+        bufs = [b for a in ("kv_buffer", "k_buffer", "v_buffer") for b in (getattr(full, a, None) or [])]
+        row = sum(b[0].numel() * b.element_size() for b in bufs if b.dim() and b.shape[0])
+        if row:
+            kv_b = row
+        else:
+            logger.warning("hybrid cache: no KV buffers found on %s; metrics count tokens", type(full).__name__)
     except Exception as exc:  # byte sizes only feed metrics on the serving path
         logger.warning("hybrid cache: KV bytes per token unknown (%s); metrics count tokens", exc)
     try:
@@ -82,6 +104,7 @@ def hybrid_cache_factory(ctx):
             "--enable-hierarchical-cache"
         )
     host = _host_budget_bytes()
+    device = _device_budget_bytes()
     kv_b, st_b = _pool_bytes(ctx.params)
     chunk = getattr(ctx.server_args, "chunked_prefill_size", None)
 
@@ -90,6 +113,7 @@ def hybrid_cache_factory(ctx):
             params,
             kv_bytes_per_token=kv_b,
             state_bytes=st_b,
+            device_budget_bytes=device,
             host_budget_bytes=host,
             host_payload=True,
             serving=True,
@@ -98,7 +122,8 @@ def hybrid_cache_factory(ctx):
 
     cache = create_unified_radix_cache(ctx, cache_class=build)
     logger.info(
-        "hybrid cache: HybridRadixCache (KV %d B/token, checkpoint %d B, host tier %.3f GB)", kv_b, st_b, host / 1e9
+        "hybrid cache: HybridRadixCache (KV %d B/token, checkpoint %d B, joint device budget %s, host tier %.3f GB)",
+        kv_b, st_b, "off" if device is None else f"{device} B", host / 1e9,
     )
     return cache
 
@@ -132,7 +157,8 @@ def _default_factory(original, ctx, *args, **kwargs):
 
 
 def _add_flag(result, parser, *args, **kwargs):
-    if not any(HOST_FLAG in a.option_strings for a in parser._actions):
+    have = {o for a in parser._actions for o in a.option_strings}
+    if HOST_FLAG not in have:
         parser.add_argument(
             HOST_FLAG,
             type=float,
@@ -141,15 +167,30 @@ def _add_flag(result, parser, *args, **kwargs):
             f"recurrent checkpoints evicted from the device are kept there and restored together (default 0 = off; "
             f"same as {HOST_ENV}).",
         )
+    if DEVICE_FLAG not in have:
+        parser.add_argument(
+            DEVICE_FLAG,
+            type=float,
+            default=None,
+            help="sglang-hybrid: one device byte budget (GB) for attention KV and recurrent checkpoints together; "
+            "the hybrid radix cache evicts by value (interior checkpoints first, then LRU leaves) whenever the "
+            "bytes in use exceed it, instead of a fixed KV/state split (default: off, upstream's two pools; "
+            f"same as {DEVICE_ENV}).",
+        )
     return result
 
 
 def _export_flag(original, cls, args, *rest, **kwargs):
-    val = getattr(args, "hybrid_host_cache_gb", None)
-    if val is not None:
-        if val < 0:
-            raise ValueError(f"{HOST_FLAG} must be >= 0, got {val}")
-        os.environ[HOST_ENV] = repr(float(val))
+    for attr, flag, env, positive in (
+        ("hybrid_host_cache_gb", HOST_FLAG, HOST_ENV, False),
+        ("hybrid_device_cache_gb", DEVICE_FLAG, DEVICE_ENV, True),
+    ):
+        val = getattr(args, attr, None)
+        if val is None:
+            continue
+        if val < 0 or (positive and val == 0):
+            raise ValueError(f"{flag} must be {'> 0' if positive else '>= 0'}, got {val}")
+        os.environ[env] = repr(float(val))
     return original(cls, args, *rest, **kwargs)
 
 

@@ -3,7 +3,8 @@
 One server with our cache (the default for the tiny Kimi K3 model; page 16,
 chunked prefill 256, small pools and a host tier so eviction and host restores
 happen), then one with ``--disable-radix-cache`` for the reference outputs; they
-run one after the other. Upstream's idle invariant checker runs in strict mode
+run one after the other; a third server runs the same prompts under one joint device byte
+budget for KV + checkpoints (``--hybrid-device-cache-gb``) small enough to force evictions. Upstream's idle invariant checker runs in strict mode
 (``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1``): a pool whose free + evictable
 + locked != capacity raises in the scheduler and kills the server, so "still
 healthy after idle" is the leak oracle for K12.
@@ -29,6 +30,9 @@ from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from tiny_model import tiny_kimi_k3
 
 GRID = 64
+# tiny Kimi K3: 640 B of KV per token, 125,952 B per checkpoint: 1.2 MB holds ~1,900 tokens of KV
+# or ~9 checkpoints; the pools below are 1,600 tokens (1.0 MB) + 16 slots (2.0 MB).
+JOINT_BUDGET_GB = 0.0012
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 COMMON = ["--page-size", "16", "--chunked-prefill-size", "256"]
 
@@ -99,6 +103,10 @@ class TestHybridCacheServerCases(CustomTestCase):
             cls.k12_healthy = cls._abort_storm(s.base_url)
             with open(s.log_path, errors="replace") as f:
                 cls.log = f.read()
+        with LaunchedServer(cls.model, args + ["--hybrid-device-cache-gb", str(JOINT_BUDGET_GB)], env=STRICT) as s:
+            cls.joint = {name: generate(s.base_url, p) for name, p in CASES}
+            with open(s.log_path, errors="replace") as f:
+                cls.joint_log = f.read()
         with LaunchedServer(cls.model, args + ["--disable-radix-cache"], env=STRICT) as s:
             seen = {}
             for name, p in CASES:  # each distinct prompt once
@@ -194,6 +202,21 @@ class TestHybridCacheServerCases(CustomTestCase):
     def test_k3_abort_then_retry_equals_cache_off(self):
         self.assertEqual(self.k3["retry"][0], self.k3_off)
         self.assertEqual(self.k3["same_prefix"][0], self.k3_same_prefix_off)
+
+    def test_joint_budget_evicts_and_outputs_equal_cache_off(self):
+        for name, _ in CASES:
+            self.assertEqual(self.joint[name][0], self.off[name][0], name)
+        self.assertEqual(self.joint["K1 warm"][1], 384)  # the budget still caches
+        self.assertIn(f"joint device budget {int(JOINT_BUDGET_GB * 1e9)} B", self.joint_log)
+        evictions = re.findall(r"joint budget: used (\d+) -> (\d+) B \(budget (\d+) B\), checkpoints (\d+) -> (\d+)(.*)", self.joint_log)
+        self.assertGreater(len(evictions), 0, "the flood never exceeded the joint budget")
+        for before, after, budget, _, _, rest in evictions:
+            self.assertGreater(int(before), int(budget))
+            if "locked" not in rest:
+                self.assertLessEqual(int(after), int(budget))
+        # value-aware: some budget evictions dropped checkpoints (not only KV)
+        self.assertTrue(any(int(c1) < int(c0) for *_, c0, c1, _ in evictions))
+        self.assertNotIn("memory leak detected", self.joint_log)
 
     def test_k12_no_leak_after_abort_storm(self):
         self.assertTrue(self.k12_healthy)
