@@ -59,6 +59,11 @@ OP_MODULES: List[str] = [
     "sgl_hybrid_kernel.delta_rule.ops",
     "sgl_hybrid_kernel.norm.ops",
     "sgl_hybrid_kernel.moe.experts",
+    "sgl_hybrid_kernel.moe.routing_ops",
+    "sgl_hybrid_kernel.mla.ops",
+    "sgl_hybrid_kernel.dcp.ops",
+    "sgl_hybrid_kernel.qsa.ops",
+    "sgl_hybrid_kernel.attn_res.ops",
 ]
 
 
