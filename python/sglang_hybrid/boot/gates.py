@@ -41,10 +41,19 @@ def skip_requested() -> bool:
     return os.environ.get(SKIP_ENV, "0").lower() in ("1", "true", "yes")
 
 
+PLAN_ERROR = "plan-error"  # impl recorded when an op's plan raised
+
+
 def plan_ops(platform: Platform, ops: Optional[Sequence[RegisteredOp]] = None) -> List[Tuple[RegisteredOp, KernelChoice]]:
     """Each op's plan on ``platform.torch_device`` (each dispatcher records its choice)."""
     device = platform.torch_device
-    return [(op, op.plan(device)) for op in (registered_ops() if ops is None else ops)]
+    out = []
+    for op in registered_ops() if ops is None else ops:
+        try:
+            out.append((op, op.plan(device)))
+        except Exception as exc:  # a dispatcher that cannot plan fails its gate with the reason (not a traceback)
+            out.append((op, KernelChoice(op.op, PLAN_ERROR, f"{type(exc).__name__} in its plan: {exc}")))
+    return out
 
 
 def run_gates(plans: Sequence[Tuple[RegisteredOp, KernelChoice]], platform: Platform) -> List[GateResult]:
@@ -52,6 +61,9 @@ def run_gates(plans: Sequence[Tuple[RegisteredOp, KernelChoice]], platform: Plat
     device = platform.torch_device
     results = []
     for op, choice in plans:
+        if choice.impl == PLAN_ERROR:
+            results.append(GateResult(op.op, choice.impl, float("nan"), 0.0, "-", error=choice.reason))
+            continue
         try:
             results.append(op.gate(choice.impl, device))
         except Exception as exc:  # a crashing kernel is a failed gate, reported with the others

@@ -71,6 +71,18 @@ def test_crashing_kernel_is_a_failed_gate(monkeypatch):
         run_boot(CPU, skip=False, log=logging.getLogger("test_boot"))
 
 
+def test_plan_that_raises_is_a_failed_gate_not_a_traceback(monkeypatch):
+    from sgl_hybrid_kernel import dispatch as kd
+
+    def broken_plan(device):
+        raise RuntimeError("no tile for this device")
+
+    entry = next(e for e in kd.registered_ops() if e.op == "dcp_merge")
+    monkeypatch.setitem(kd._OPS, "dcp_merge", kd.RegisteredOp("dcp_merge", broken_plan, entry.gate, entry.description))
+    with pytest.raises(BootGateError, match=r"dcp_merge \[plan-error\]: raised RuntimeError in its plan: no tile"):
+        run_boot(CPU, skip=False, log=logging.getLogger("test_boot"))
+
+
 def test_nan_output_fails_the_gate(monkeypatch):
     monkeypatch.setattr(kda_ref, "kda_recurrent", _off_by(float("nan")))
     with pytest.raises(BootGateError, match=r"delta_rule_decode \[torch\]: max \|err\| nan"):
