@@ -333,17 +333,41 @@ def torch_routing_pipeline(logits, k, scoring, bias, shared, scale, block):
     return w, ids, layout
 
 
-def sec_routing():
+def sec_routing(sweep=False):
+    from sgl_hybrid_kernel.moe.triton_routing import SCORING_SIGMOID, SCORING_SOFTMAX, moe_gating_topk_kernel
+
     rows = []
     for name, E, k, scoring, scale in (("kimi_k3", 896, 16, "sigmoid", 2.8), ("qwen38", 512, 10, "softmax", 1.0)):
         bias = torch.randn(E, device=DEV) * 0.01 if scoring == "sigmoid" else None
         for M in (5, 40, 64, 160):
             rot = 8
             logits = [torch.randn(M, E, device=DEV) for _ in range(rot)]
-            ours = graph_time_us(lambda r: fused_moe_routing_triton(logits[r], k, scoring, bias, shared_expert_weight=1.0,
-                                                                    routed_scaling_factor=scale), rot, reps=100)
+
+            def ours_fn(**kw):
+                return graph_time_us(lambda r: fused_moe_routing_triton(logits[r], k, scoring, bias, shared_expert_weight=1.0,
+                                                                        routed_scaling_factor=scale, **kw), rot, reps=100)
+
+            ours = ours_fn()
             base = graph_time_us(lambda r: torch_routing_pipeline(logits[r], k, scoring, bias, 1.0, scale, 16), rot, reps=100)
-            row = dict(config=name, experts=E, top_k=k, M=M, ours_us=ours, torch_pipeline_us=base, speedup=base / ours)
+            # launch 1 alone (gating + top-k), same arguments as the wrapper passes
+            w = torch.empty(M, k + 1, device=DEV)
+            ids = torch.empty(M, k + 1, device=DEV, dtype=torch.int32)
+            bias_t = bias if bias is not None else w
+
+            def gate(r):
+                moe_gating_topk_kernel[(M,)](logits[r], bias_t, w, ids, E, k + 1, k + 1, scale, 1.0,
+                                             TOPK=k, KPAD=triton.next_power_of_2(k + 1), G=1, EG=E, GPAD=1,
+                                             EGPAD=triton.next_power_of_2(E), TOPK_GROUP=1,
+                                             SCORING=SCORING_SIGMOID if scoring == "sigmoid" else SCORING_SOFTMAX,
+                                             HAS_BIAS=bias is not None, RENORM=True, SHARED=1, num_warps=4)
+
+            gating = graph_time_us(gate, rot, reps=100)
+            row = dict(config=name, experts=E, top_k=k, M=M, ours_us=ours, gating_launch_only_us=gating,
+                       torch_pipeline_us=base, speedup=base / ours)
+            if sweep:
+                row["sweep_us"] = {f"gate_w{gw}_layout_w{lw}_eb{eb}": ours_fn(num_warps=gw, layout_warps=lw, layout_block=eb)
+                                   for gw, lw, eb in ((4, 8, 1024), (4, 4, 1024), (4, 8, 512), (4, 16, 1024), (8, 8, 1024),
+                                                      (2, 8, 1024), (4, 4, 512))}
             rows.append(row)
             print("routing", json.dumps({kk: round(v, 2) if isinstance(v, float) else v for kk, v in row.items()}), flush=True)
     return rows
@@ -378,17 +402,23 @@ def sec_qsa(sweep):
     dense = run(None, auto, **qsa_tile("cuda", False))
     dense1 = run(None, 1, **qsa_tile("cuda", False))
     sparse = run(idx, auto_sparse, **qsa_tile("cuda", True))
+    # the second launch of the split dense path alone (LSE merge of the FP32 partials)
+    from sgl_hybrid_kernel.dcp.merge import merge_partials_strided
+
+    part = torch.randn(B * T, Hq, auto, Dh, device=DEV)
+    part_lse = torch.randn(B * T, Hq, auto, device=DEV)
+    merge_only = graph_time_us(lambda r: merge_partials_strided(part, part_lse, o, lse, split_dim=2), rot)
     row = dict(B=B, T=T, q_heads=Hq, kv_heads=Hkv, head_dim=Dh, visible=L, dense_splits=auto, dense_us=dense,
                dense_one_partition_us=dense1, sparse_splits=auto_sparse, sparse_us=sparse,
-               speedup_dense_vs_sparse=sparse / dense)
+               speedup_dense_vs_sparse=sparse / dense, dense_merge_launch_only_us=merge_only)
     if sweep:
         sw = {}
-        for splits in (1, 2, 4, 8, 16):
-            for bn, w in ((32, 4), (64, 4), (64, 8), (32, 8)):
-                sw[f"dense_splits{splits}_bn{bn}_w{w}"] = run(None, splits, block_n=bn, num_warps=w)
-        for splits in (1, 2):
-            for bn, w in ((32, 4), (64, 4), (128, 8), (64, 8)):
-                sw[f"sparse_splits{splits}_bn{bn}_w{w}"] = run(idx, splits, block_n=bn, num_warps=w)
+        for splits in (4, 8):
+            for bn, w, st in ((32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 3), (16, 4, 3), (32, 8, 3), (16, 4, 4)):
+                sw[f"dense_splits{splits}_bn{bn}_w{w}_s{st}"] = run(None, splits, block_n=bn, num_warps=w, num_stages=st)
+        for splits in (1, 2, 4):
+            for bn, w, st in ((32, 4, 2), (64, 4, 2), (32, 4, 3), (16, 4, 3)):
+                sw[f"sparse_splits{splits}_bn{bn}_w{w}_s{st}"] = run(idx, splits, block_n=bn, num_warps=w, num_stages=st)
         row["sweep_us"] = sw
         row["best_dense_us"] = min(v for k, v in sw.items() if k.startswith("dense"))
         row["best_sparse_us"] = min(v for k, v in sw.items() if k.startswith("sparse"))
@@ -418,7 +448,7 @@ def main():
             elif sec == "attn_res":
                 res = sec_attn_res()
             elif sec == "routing":
-                res = sec_routing()
+                res = sec_routing(args.sweep)
             elif sec == "qsa":
                 res = sec_qsa(args.sweep)
             else:

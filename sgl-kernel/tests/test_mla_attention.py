@@ -120,6 +120,31 @@ def test_triton_extend_with_cached_prefix_matches_reference():
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_non_causal_rows_see_the_whole_shard():
+    """``causal=False`` (a DCP rank's prefix shard of an extend): every new row sees all ``kv_lens[b]``
+    positions; the reference equals softmax over all positions in FP64, and Triton (1 and 2 splits) the reference."""
+    gen = torch.Generator().manual_seed(4)
+    lens = [7, 0, 19]
+    qo = torch.tensor([0, 3, 5, 9], dtype=torch.int32)
+    cache, pt = _paged_cache(lens, TINY_R + TINY_P, 4, gen, torch.float32)
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(9, 4, TINY_R + TINY_P, generator=gen)
+    ref = mla_attention_paged_reference(q, cache, pt, kv_lens, 0.2, 4, qo, kv_lora_rank=TINY_R, causal=False)
+    rows = cache.reshape(-1, TINY_R + TINY_P).double()
+    for b, (t0, t1) in enumerate(zip(qo[:-1].tolist(), qo[1:].tolist())):
+        pos = torch.arange(lens[b])
+        kv = rows[pt[b, pos // 4].long() * 4 + pos % 4]
+        if lens[b] == 0:
+            assert torch.isneginf(ref[1][t0:t1]).all() and not ref[0][t0:t1].any()
+            continue
+        w = torch.softmax(0.2 * q[t0:t1].double() @ kv.T, dim=-1)  # no mask: all rows see all positions
+        torch.testing.assert_close(ref[0][t0:t1].double(), w @ kv[:, :TINY_R], rtol=1e-5, atol=1e-5)
+    for splits in (1, 2):
+        got = mla_attention_paged_triton(q, cache, pt, kv_lens, 0.2, 4, qo, max_seqlen_q=4, kv_lora_rank=TINY_R,
+                                         num_splits=splits, block_n=16, causal=False)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_partition_heuristic_fills_the_gpu_and_keeps_long_partitions():
     assert choose_tile(12, 1) == (12, 16) and choose_tile(128, 1) == (64, 64) and choose_tile(12, 5) == (12, 64)
     assert choose_tile(96, 1) == (48, 64) and choose_tile(1, 1) == (1, 16)

@@ -131,3 +131,17 @@ def test_dispatch_and_argument_errors():
         fused_moe_routing_triton(torch.randn(3, 16), 17)
     with pytest.raises(ValueError, match="num_expert_group"):
         route_tokens_reference(torch.randn(3, 16), 2, num_expert_group=3)
+
+
+
+@pytest.mark.parametrize("layout_block", [64, 1024])
+def test_layout_with_two_bitmap_words_equals_the_reference(layout_block):
+    """M = 70 tokens: two 64-token bitmap words (token 63 uses the sign bit), entries taken 64 or 1,024 per
+    step: sorted rows, block owners and row count equal the reference's stable sort by expert."""
+    gen = torch.Generator().manual_seed(37)
+    logits = torch.randn(70, 24, generator=gen)
+    logits[5] = 0.0  # one all-tie row
+    r = fused_moe_routing_triton(logits, 5, "softmax", shared_expert_weight=1.0, block_size=4, layout_block=layout_block)
+    ref = expert_sorted_layout_reference(r.ids, 25, 4)
+    assert all(torch.equal(a, b) for a, b in zip(ref, (r.sorted_ids, r.block_expert, r.num_rows)))
+    assert int(r.num_rows) > 70 * 6  # padding rows present, so the check covers them

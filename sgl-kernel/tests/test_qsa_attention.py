@@ -102,3 +102,18 @@ def test_dispatch_on_cpu_follows_the_guards():
     assert "exact dense walk" in ops["qsa_dense"] and "reuses" in ops["qsa_sparse"]
     with pytest.raises(ValueError, match="KV heads"):
         qsa_attention(q[:, :5], k, v, pt, kv_lens, qo, sparse, 0.25, 30, T)
+
+
+
+def test_split_partitions_with_empty_ones_and_an_empty_row_match_reference():
+    """Dense walk split into 4 partitions (a request of 4 positions leaves partitions empty) with NaN-prefilled
+    outputs: the merged result is the reference's, and a row that sees nothing gives (0, -inf)."""
+    gen = torch.Generator().manual_seed(4)
+    lens, T = [21, 6, 30, 4], 4
+    q, k, v, pt, kv_lens, qo, _, _ = _case(gen, lens, T, 8)
+    kv_lens[3] = 3  # request 3: its first query row sees nothing (kv_len - T + 0 < 0)
+    ref = qsa_attention_reference(q, k, v, pt, kv_lens, qo, 0.25, PS)
+    out = (torch.full((16, HQ, DV), float("nan")), torch.full((16, HQ), float("nan")))
+    got = qsa_attention_triton(q, k, v, pt, kv_lens, qo, 0.25, T, PS, None, RATIO, *out, block_n=4, num_splits=4)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[0][12], torch.zeros(HQ, DV)) and torch.isneginf(got[1][12]).all()

@@ -107,6 +107,7 @@ def mla_attention_paged_triton(
     num_stages: int = 2,
     score_chunk: Optional[int] = None,
     value_cols: Optional[int] = None,
+    causal: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``mla_attention_paged_reference`` (same arguments and results).
 
@@ -175,7 +176,7 @@ def mla_attention_paged_triton(
         float(sm_scale), float(kv_scale), H, num_splits,
         q.stride(0), q.stride(1), rows_view.stride(0), page_table.stride(0),
         *strides,
-        R=R, P=P, PAGE_SIZE=page_size, HB=hb, BLOCK_M=rows, BLOCK_N=block_n, RC=rc, RV=rv,
+        R=R, P=P, PAGE_SIZE=page_size, HB=hb, BLOCK_M=rows, BLOCK_N=block_n, RC=rc, RV=rv, CAUSAL=bool(causal),
         num_warps=num_warps or WARPS_FOR_ROWS[rows], num_stages=num_stages,
     )
     if num_splits > 1:

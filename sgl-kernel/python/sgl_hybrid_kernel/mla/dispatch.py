@@ -134,6 +134,7 @@ def mla_extend(
     kv_lora_rank: int = 512,
     kv_scale: Optional[float] = None,
     num_splits: Optional[int] = None,
+    causal: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """MLA prefill / extend (or speculative verify) with a cached prefix, absorbed form.
 
@@ -141,7 +142,8 @@ def mla_extend(
     entries are already written after its ``kv_lens[b] - T_b`` cached positions
     (chunked prefill after a prefix-cache hit); row ``t`` sees positions
     ``<= kv_lens[b] - T_b + t``. Arguments and results as ``mla_decode`` with
-    ``q [N, H, R + P]`` varlen and ``max_seqlen_q = max T_b``.
+    ``q [N, H, R + P]`` varlen and ``max_seqlen_q = max T_b``. ``causal=False``: every
+    row sees all ``kv_lens[b]`` positions (one DCP rank's prefix shard).
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [N, H, D], got shape {tuple(q.shape)}")
@@ -151,5 +153,6 @@ def mla_extend(
         hb, rows = choose_tile(q.shape[1], max_seqlen_q)
         return mla_attention_paged_triton(q, kv_cache, page_table, kv_lens, sm_scale, page_size, qo_indptr, max_seqlen_q,
                                           kv_lora_rank, scale, num_splits or 1,
-                                          **default_tile(device_kind(q), rows, kv_cache.dtype in FP8_DTYPES))
-    return mla_attention_paged_reference(q, kv_cache, page_table, kv_lens, sm_scale, page_size, qo_indptr, kv_lora_rank, scale)
+                                          **default_tile(device_kind(q), rows, kv_cache.dtype in FP8_DTYPES), causal=causal)
+    return mla_attention_paged_reference(q, kv_cache, page_table, kv_lens, sm_scale, page_size, qo_indptr, kv_lora_rank, scale,
+                                         causal)

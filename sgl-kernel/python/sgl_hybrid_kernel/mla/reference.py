@@ -94,6 +94,7 @@ def mla_attention_paged_reference(
     qo_indptr: torch.Tensor = None,
     kv_lora_rank: int = 512,
     kv_scale: float = 1.0,
+    causal: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """MLA attention (absorbed) of new query rows over a paged latent cache: decode, verify and extend.
 
@@ -114,6 +115,8 @@ def mla_attention_paged_reference(
         sm_scale: softmax scale (``qk_head_dim ** -0.5`` of the unabsorbed head).
         qo_indptr: ``[B + 1]`` query row offsets (default: one row per request).
         kv_lora_rank: ``R`` (512 for Kimi K3 / DeepSeek-V3).
+        causal: ``False``: every row sees all ``L_b`` positions (an extend's
+            prefix shard on one DCP rank, merged with the new rows by LSE).
 
     Returns:
         ``(o [N, H, R] in q.dtype, lse [N, H] FP32, FP64 for FP64 queries)``: LSE
@@ -147,7 +150,7 @@ def mla_attention_paged_reference(
         slots = page_table[b, pos // page_size].long() * page_size + pos % page_size
         kv = rows[slots].to(acc) * kv_scale  # [L, D]
         scores = torch.einsum("thd,sd->ths", q[t0:t1].to(acc), kv) * sm_scale
-        limit = L - T + torch.arange(T, device=q.device)
+        limit = L - T + torch.arange(T, device=q.device) if causal else torch.full((T,), L - 1, device=q.device)
         scores = scores.masked_fill((pos[None, :] > limit[:, None]).unsqueeze(1), float("-inf"))
         row_lse = torch.logsumexp(scores, dim=-1)  # [T, H]
         seen = ~torch.isneginf(row_lse)

@@ -8,7 +8,8 @@ the request's key range (split ``s`` of ``NUM_SPLITS``, whole ``BLOCK_N`` tiles)
 with an online softmax in base 2, reading each latent tile once and using it
 both as the key (``[R | rope]`` against ``[q_lat | q_pe]``) and as the value
 (first ``R`` columns). A row sees positions ``<= kv_len - T + t`` (causal for
-verify / extend, the whole history for decode).
+verify / extend, the whole history for decode); with ``CAUSAL=False`` every row
+sees all ``kv_len`` positions (a rank's prefix shard of an extend under DCP).
 
 It writes the partial output (normalised over the split's keys) and the split's
 natural-log LSE; an empty split writes ``(0, -inf)``. With ``NUM_SPLITS == 1`` the
@@ -57,6 +58,7 @@ def mla_split_kv_kernel(
     BLOCK_N: tl.constexpr,
     RC: tl.constexpr,
     RV: tl.constexpr,
+    CAUSAL: tl.constexpr = True,
 ):
     b = tl.program_id(0)
     pid_mh = tl.program_id(1)
@@ -77,8 +79,12 @@ def mla_split_kv_kernel(
     t_loc = tb * TPP + rows // HB
     head = hb * HB + rows % HB
     row_ok = (rows < TPP * HB) & (t_loc < T) & (head < H)
-    limit = kv_len - T + t_loc  # last visible position per row (inclusive)
-    kv_hi = kv_len - T + tl.minimum(T, (tb + 1) * TPP)  # keys any row of this block may see
+    if CAUSAL:
+        limit = kv_len - T + t_loc  # last visible position per row (inclusive)
+        kv_hi = kv_len - T + tl.minimum(T, (tb + 1) * TPP)  # keys any row of this block may see
+    else:
+        limit = kv_len - 1 + t_loc * 0
+        kv_hi = kv_len
     kv_hi = tl.maximum(kv_hi, 0)
     split_len = tl.cdiv(tl.cdiv(kv_hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len

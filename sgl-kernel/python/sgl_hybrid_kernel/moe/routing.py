@@ -10,7 +10,7 @@ import triton
 from sgl_hybrid_kernel.moe.routing_reference import SCORING_FUNCS, sorted_layout_capacity
 from sgl_hybrid_kernel.moe.triton_routing import SCORING_SIGMOID, SCORING_SOFTMAX, moe_gating_topk_kernel, moe_sorted_layout_kernel
 
-MAX_ENTRIES = 4096  # M * k' the one-program layout kernel sorts at once (M <= 160 with k' <= 17 fits)
+MAX_ENTRIES = 4096  # M * k' entries of the one-program layout kernel (M <= 160 with k' <= 17 fits)
 
 
 class MoeRouting(NamedTuple):
@@ -37,11 +37,15 @@ def fused_moe_routing_triton(
     shared_expert_weight: Optional[float] = None,
     block_size: int = 16,
     num_warps: int = 4,
+    layout_warps: int = 8,
+    layout_block: int = 1024,
 ) -> MoeRouting:
     """Gating + top-k + shared slot + renormalisation (launch 1) and the expert-sorted layout (launch 2).
 
     Arguments as ``routing_reference.route_tokens_reference`` plus ``block_size``
-    (rows per grouped-GEMM block). Returns ``MoeRouting``.
+    (rows per grouped-GEMM block); ``num_warps`` / ``layout_warps`` / ``layout_block``
+    (entries per step of launch 2) are the tile choice (H200 sweep:
+    ``benchmark/kernels/bench_attention_moe.py --sweep``). Returns ``MoeRouting``.
 
     Raises:
         ValueError: bad ``top_k`` / grouping / scoring, or ``M * k'`` above ``MAX_ENTRIES``.
@@ -86,13 +90,12 @@ def fused_moe_routing_triton(
         HAS_BIAS=correction_bias is not None, RENORM=renormalize, SHARED=int(shared),
         num_warps=num_warps,
     )
-    ne_pad = triton.next_power_of_2(n_experts + 1)
-    scratch = torch.empty(3 * ne_pad, dtype=torch.int32, device=device)
-    block = max(16, triton.next_power_of_2(N))
+    ne_pad = triton.next_power_of_2(n_experts)
+    nw = triton.cdiv(M, 64)
+    bits = torch.empty(nw * ne_pad, dtype=torch.int64, device=device)
+    scratch = torch.empty((nw + 1) * ne_pad, dtype=torch.int32, device=device)
     moe_sorted_layout_kernel[(1,)](
-        ids, sorted_ids, block_expert, num_rows, scratch, N, cap, n_experts, triton.cdiv(M, block_size),
-        BLOCK=block, NE_PAD=ne_pad, BLOCK_SIZE=block_size,
-        # the one-program sort: <= 8 entries per thread (compile gate: no spill)
-        num_warps=4 if block <= 512 else (8 if block <= 2048 else (16 if torch.version.hip else 32)),
+        ids, sorted_ids, block_expert, num_rows, bits, scratch, N, cap, n_experts, nw, triton.cdiv(M, block_size),
+        KOUT=kout, NE_PAD=ne_pad, EB=layout_block, FILL=1024, BLOCK_SIZE=block_size, num_warps=layout_warps,
     )
     return MoeRouting(weights, ids, sorted_ids, block_expert, num_rows)

@@ -9,11 +9,16 @@
    ``max`` gives the best score *and*, among equal scores, the smallest expert
    index; a taken expert's key is set to the int64 minimum. This makes ties and
    non-finite logits deterministic and the ids distinct.
-2. ``moe_sorted_layout_kernel``, one program: sorts the ``M * k'`` entries by
-   ``expert * BLOCK + entry``, counts per expert (atomics), pads each expert's
-   run to the GEMM block size (exclusive prefix sums kept in a small scratch),
-   and writes every row of the layout: sentinels and ``-1`` block experts first,
-   then (after a barrier) the real entries.
+2. ``moe_sorted_layout_kernel``, one program, no sort: each routing entry sets
+   its token's bit in its expert's token bitmap (64 tokens per int64 word, an
+   atomic OR on a workspace this program zeroes first). An expert's count is the
+   popcount of its words, the padded run starts one exclusive prefix sum over
+   experts, and entry (token m, expert e)'s place in e's run is the number of
+   e's bits below m: runs are ordered by entry index (a stable sort by expert)
+   because a token's experts are distinct. Every layout row is written:
+   sentinels and ``-1`` block experts first, then (after a barrier) the real
+   entries and block owners. This replaced a one-program bitonic sort of all
+   ``M * k'`` keys (Kimi K3 M = 64: 2,048 keys).
 """
 
 from __future__ import annotations
@@ -126,52 +131,76 @@ def moe_gating_topk_kernel(
 
 
 @triton.jit
+def _popcount64(x):
+    """Set bits of each int64 (SWAR; arithmetic shifts are masked, the product wraps modulo 2**64)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return ((x * 0x0101010101010101) >> 56).to(tl.int32)
+
+
+@triton.jit
 def moe_sorted_layout_kernel(
-    ids_ptr,  # [N] int32 flat routing entries
+    ids_ptr,  # [N] int32 flat routing entries, N = M * KOUT (entry i: token i // KOUT)
     sorted_ids_ptr,  # [CAP] int32
     block_expert_ptr,  # [CAP // BLOCK_SIZE] int32
     num_rows_ptr,  # [1] int32
-    scratch_ptr,  # [3 * NE_PAD] int32 workspace (any content)
+    bits_ptr,  # [NW * NE_PAD] int64 workspace (any content)
+    scratch_ptr,  # [(NW + 1) * NE_PAD] int32 workspace (any content)
     N,
     CAP,
     NUM_EXPERTS,
+    NW,
     MAX_BLOCKS_PER_EXPERT,
-    BLOCK: tl.constexpr,
+    KOUT: tl.constexpr,
     NE_PAD: tl.constexpr,
+    EB: tl.constexpr,
+    FILL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    i = tl.arange(0, BLOCK)
-    valid = i < N
-    ex = tl.load(ids_ptr + i, mask=valid, other=NUM_EXPERTS)  # padding sorts after every expert
-    key = tl.sort(ex * BLOCK + i)
-    s_exp = key // BLOCK
-    s_idx = key % BLOCK
-    # per-expert counts by atomics on a scratch zeroed by this program (a histogram op
-    # with 1,024 bins lowers to per-bin work and cost ~20 us on the H200)
     eidx = tl.arange(0, NE_PAD)
-    count_ptr = scratch_ptr + 2 * NE_PAD
-    tl.store(count_ptr + eidx, tl.zeros([NE_PAD], tl.int32))
+    ii = tl.arange(0, EB)
+    # token bitmaps per expert: bit b of word w = token 64 w + b chose the expert
+    for w in range(0, NW):
+        tl.store(bits_ptr + w * NE_PAD + eidx, tl.zeros([NE_PAD], tl.int64))
     tl.debug_barrier()
-    tl.atomic_add(count_ptr + ex, tl.zeros([BLOCK], tl.int32) + 1, mask=valid)
+    for i0 in range(0, N, EB):
+        i = i0 + ii
+        ok = i < N
+        ex = tl.load(ids_ptr + i, mask=ok, other=0)
+        m = i // KOUT
+        bit = tl.full([EB], 1, tl.int64) << (m % 64).to(tl.int64)
+        tl.atomic_or(bits_ptr + (m // 64) * NE_PAD + ex, bit, mask=ok, sem="relaxed")
     tl.debug_barrier()
-    counts = tl.load(count_ptr + eidx, volatile=True)
+    counts = tl.zeros([NE_PAD], tl.int32)
+    for w in range(0, NW):
+        word = tl.load(bits_ptr + w * NE_PAD + eidx, volatile=True)
+        tl.store(scratch_ptr + w * NE_PAD + eidx, counts)  # entries of the expert in earlier words
+        counts += _popcount64(word)
     counts = tl.where(eidx < NUM_EXPERTS, counts, 0)
     padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
     start_pad = tl.cumsum(padded, axis=0) - padded
-    start_raw = tl.cumsum(counts, axis=0) - counts
-    tl.store(scratch_ptr + eidx, start_pad)
-    tl.store(scratch_ptr + NE_PAD + eidx, start_raw)
+    tl.store(scratch_ptr + NW * NE_PAD + eidx, start_pad)
     tl.store(num_rows_ptr, tl.sum(padded, axis=0))
     # every row and block first gets its padding value ...
-    for r0 in range(0, CAP, BLOCK):
-        tl.store(sorted_ids_ptr + r0 + i, tl.zeros([BLOCK], tl.int32) + N, mask=r0 + i < CAP)
-        tl.store(block_expert_ptr + r0 + i, tl.zeros([BLOCK], tl.int32) - 1, mask=(r0 + i) * BLOCK_SIZE < CAP)
-    tl.debug_barrier()
-    # ... then the real entries and block owners overwrite it
-    sv = i < N
-    base_pad = tl.load(scratch_ptr + s_exp, mask=sv, other=0)
-    base_raw = tl.load(scratch_ptr + NE_PAD + s_exp, mask=sv, other=0)
-    tl.store(sorted_ids_ptr + base_pad + (i - base_raw), s_idx, mask=sv)
+    f = tl.arange(0, FILL)
+    for r0 in range(0, CAP, FILL):
+        tl.store(sorted_ids_ptr + r0 + f, tl.zeros([FILL], tl.int32) + N, mask=r0 + f < CAP)
+        tl.store(block_expert_ptr + r0 + f, tl.zeros([FILL], tl.int32) - 1, mask=(r0 + f) * BLOCK_SIZE < CAP)
+    tl.debug_barrier()  # also publishes the workspace to every thread
+    # ... then the block owners and real entries overwrite it
     for blk in range(0, MAX_BLOCKS_PER_EXPERT):
         owns = (blk * BLOCK_SIZE < padded) & (eidx < NUM_EXPERTS)
         tl.store(block_expert_ptr + start_pad // BLOCK_SIZE + blk, eidx, mask=owns)
+    # entry i (token m, word m // 64, bit m % 64) -> run start + the expert's entries from earlier tokens
+    for i0 in range(0, N, EB):
+        i = i0 + ii
+        ok = i < N
+        ex = tl.load(ids_ptr + i, mask=ok, other=0)
+        m = i // KOUT
+        wi = m // 64
+        below = (tl.full([EB], 1, tl.int64) << (m % 64).to(tl.int64)) - 1
+        word = tl.load(bits_ptr + wi * NE_PAD + ex, mask=ok, other=0, volatile=True)
+        before = tl.load(scratch_ptr + wi * NE_PAD + ex, mask=ok, other=0)
+        start = tl.load(scratch_ptr + NW * NE_PAD + ex, mask=ok, other=0)
+        tl.store(sorted_ids_ptr + start + before + _popcount64(word & below), i, mask=ok)

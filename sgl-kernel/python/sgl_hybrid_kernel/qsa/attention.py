@@ -71,6 +71,7 @@ def qsa_attention_triton(
         raise ValueError(f"head dims D={D}, Dv={DV} must be powers of two")
     G = Hq // Hkv
     B = kv_lens.shape[0]
+    kv_lens, qo_indptr = kv_lens.contiguous(), qo_indptr.contiguous()  # the kernel indexes them densely
     out = torch.empty(N, Hq, DV, dtype=q.dtype, device=q.device) if out is None else out
     lse_out = torch.empty(N, Hq, dtype=torch.float32, device=q.device) if lse_out is None else lse_out
     if N == 0:
