@@ -122,18 +122,25 @@ class LaunchedServer:
         return "\n".join(lines[-n:])
 
     def stop(self) -> None:
-        """Terminate the server's process group (SIGTERM, then SIGKILL after 30 s)."""
+        """Terminate the server's process group (SIGTERM, then SIGKILL after 30 s); scheduler and
+        detokenizer processes that outlive the launcher are killed with the group."""
         p = self.process
-        if p is None or p.poll() is not None:
+        if p is None:
             return
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                return
         try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=30)
+            os.killpg(p.pid, signal.SIGKILL)  # whatever of the group is left
         except ProcessLookupError:
             pass
+        if p.poll() is None:
+            p.wait(timeout=30)
 
     def __enter__(self) -> "LaunchedServer":
         return self.start()

@@ -1,7 +1,10 @@
 """Parallelism helpers for the CPU reference models (issue 8): TP shard specs, DCP ownership, MoE output ownership.
 
-See docs/parallelism.md. Communication is torch.distributed on explicit process
-groups (gloo on CPU); no home-made communication layer.
+Modules: ``spec`` (placement, collectives), ``dcp``, ``moe_ownership``, ``runner``
+(Kimi K3 model-level runs), ``qwen38_tp`` / ``qwen38_runner`` (Qwen3.8 TP), ``cpu_tp``
+(serving with ``--tp > 1`` on CPU). See docs/parallelism.md. Communication is
+torch.distributed on explicit process groups (gloo on CPU); no home-made
+communication layer.
 """
 
 from sglang_hybrid.parallel.dcp import dcp_owned, dcp_partial_attention, mla_kv_bytes_per_rank

@@ -67,6 +67,27 @@ class ParallelSpec:
         if self.dcp_size < 1 or self.tp_size % self.dcp_size:
             raise ValueError(f"dcp_size={self.dcp_size} must divide tp_size={self.tp_size}")
 
+    @classmethod
+    def from_sglang(cls) -> "ParallelSpec":
+        """This process's placement in a running SGLang server (``--tp``), on upstream's TP group.
+
+        Collectives run on the TP group's ``device_group`` (gloo when
+        ``--device cpu``). Called at model construction, after upstream built
+        its model-parallel groups.
+
+        Raises:
+            NotImplementedError: ``--dcp-size > 1`` (served DCP is not wired; the
+                model-level DCP path is ``sglang_hybrid.parallel.runner``).
+        """
+        from sglang.srt.distributed import parallel_state as ps
+
+        tp = ps.get_tensor_model_parallel_world_size()
+        dcp_group = ps.get_dcp_group_no_assert()
+        if dcp_group is not None and dcp_group.world_size > 1:
+            raise NotImplementedError("the CPU reference models are served with --dcp-size 1 (docs/parallelism.md)")
+        group = ps.get_tp_group().device_group if tp > 1 else None
+        return cls(tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp, tp_group=group)
+
     @property
     def dcp_rank(self) -> int:
         """Rank inside the DCP group (consecutive TP ranks)."""

@@ -154,10 +154,10 @@ class _ResidualStream:
 
 
 class KimiK3ReferenceModel(nn.Module):
-    def __init__(self, config, parallel: Optional[ParallelSpec] = None):
+    def __init__(self, config, parallel: Optional[ParallelSpec] = None, served: bool = True):
         super().__init__()
         self.config = config
-        if parallel is None:
+        if served:
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         else:
             self.embed_tokens = _ReplicatedTable(config.vocab_size, config.hidden_size)
@@ -203,40 +203,39 @@ class KimiK3ReferenceForCausalLM(nn.Module):
 
     ``forward(input_ids [N], positions [N], forward_batch)`` returns upstream's
     ``LogitsProcessorOutput``. Limits (each raises ``NotImplementedError`` at
-    construction): served with --tp 1 only, SiLU experts, sigmoid routing,
-    full-rank KDA output gate.
+    construction): served with --dcp-size 1 only, SiLU experts, sigmoid
+    routing, full-rank KDA output gate.
 
     ``parallel`` (issue 8, docs/parallelism.md): a ``ParallelSpec`` builds this
     rank's TP / DCP shard of the model for model-level runs
     (``sglang_hybrid.parallel.runner``); the embedding and LM head are then
     replicated and ``forward`` is not used (no upstream logits processor).
-    ``None`` (the server path) is the unchanged TP = 1 model.
+    ``None`` (the server path) takes the placement from upstream's TP group
+    (``ParallelSpec.from_sglang``; ``--tp t`` shards heads, experts and the
+    vocabulary as in the model-level runs).
     """
 
     def __init__(self, config, quant_config=None, prefix: str = "", parallel: Optional[ParallelSpec] = None):
         super().__init__()
         if quant_config is not None:
             raise NotImplementedError("the Kimi K3 CPU reference model runs unquantized weights only")
-        if parallel is None:
-            from sglang.srt.runtime_context import get_parallel
-
-            if get_parallel().tp_size != 1:
-                raise NotImplementedError(
-                    "the Kimi K3 CPU reference model is served with --tp 1 only "
-                    "(model-level TP/DCP: pass a ParallelSpec; docs/parallelism.md)"
-                )
+        served = parallel is None
+        if served:
+            # Served (``--tp t``): this rank's shard on upstream's TP group; the
+            # vocabulary is split by upstream's VocabParallelEmbedding / ParallelLMHead.
+            parallel = ParallelSpec.from_sglang()
         self.parallel = parallel
         self.config = config
         for op in ("mla_attention", "moe_routing", "moe_experts", "attn_res_mix", "rms_norm"):
             record_choice(op, "torch", "Kimi K3 CPU reference model (plain-torch oracle)", log=logger)
-        self.model = KimiK3ReferenceModel(config, parallel)
-        if parallel is None:
+        self.model = KimiK3ReferenceModel(config, parallel, served)
+        if served:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         else:
             self.lm_head = _ReplicatedTable(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.logits_processor = LogitsProcessor(config) if parallel is None else None
+        self.logits_processor = LogitsProcessor(config) if served else None
         self.start_layer, self.end_layer = 0, config.num_hidden_layers
 
     def get_input_embeddings(self) -> nn.Module:

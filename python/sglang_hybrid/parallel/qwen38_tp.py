@@ -1,0 +1,222 @@
+"""Tensor parallelism for the Qwen3.8-Flash-Next reference model (issue 8).
+
+``shard_qwen38_text_model(model, spec)`` cuts a loaded ``Qwen38TextModel`` (all
+weights present) down to TP rank ``spec.tp_rank``'s part, in place, as upstream
+SGLang shards its Qwen models:
+
+=====================  =============================================================  =============
+block                  this rank keeps                                                collective
+=====================  =============================================================  =============
+GDN                    key heads ``H_k / t`` and value heads ``H_v / t``: their rows  1 all-reduce
+                       of ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` /
+                       ``in_proj_a`` and of the conv, their ``A_log`` / ``dt_bias``,
+                       their columns of ``out_proj`` (row-parallel); conv window and
+                       recurrent state hold only those heads. ``norm`` replicated.
+QSA                    query heads ``H / t`` (their ``[q | gate]`` rows, their        1 all-reduce
+                       ``o_proj`` columns); KV heads split when ``t`` divides them,
+                       else (``KV = 1``) the one KV head replicated; the indexer
+                       (``index_qk_proj``, norms) replicated, so every rank selects
+                       the same blocks.
+MoE                    ``I / t`` of every expert's and the shared expert's            1 all-reduce
+                       intermediate (gate/up rows, down columns); router and
+                       shared-expert gate replicated; routed + gated shared partial
+                       sums are reduced together.
+hyper-connections,     replicated (every rank holds the same ``hc`` streams)          none
+PLE, embedding, head
+=====================  =============================================================  =============
+
+Each sharded block gets a forward hook that all-reduces its output over the TP
+group (``ParallelSpec.all_reduce``): the model files are not edited. Routed-
+output ownership (``moe_owned_output``) applies to latent MoE only; Qwen3.8's
+MoE has no replicated projection, so it raises ``ValueError`` (docs/parallelism.md).
+
+The tiny checkpoints are loaded whole and then cut; at full size a rank would
+load only its rows (``ShardSpec.ckpt_index``, as the Kimi K3 reference does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterable, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
+
+from sglang_hybrid.parallel.spec import ParallelSpec, shard_range
+
+
+def _p(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.contiguous().clone(), requires_grad=False)
+
+
+def _head_rows(heads: slice, width: int, offset: int = 0) -> torch.Tensor:
+    return torch.arange(heads.start * width, heads.stop * width) + offset
+
+
+def _reduce_output(module: nn.Module, spec: ParallelSpec) -> None:
+    module.register_forward_hook(lambda _m, _inp, out: spec.all_reduce(out))
+
+
+def shard_gdn(m, spec: ParallelSpec) -> None:
+    """Cut a ``Qwen38GatedDeltaNet`` to this rank's key/value heads (module docstring).
+
+    Raises:
+        ValueError: ``tp_size`` does not divide ``H_k`` (nor, then, ``H_v``).
+    """
+    t, r = spec.tp_size, spec.tp_rank
+    kh, vh = shard_range(m.Hk, r, t), shard_range(m.Hv, r, t)
+    Kd, Vd = m.Kd, m.Vd
+    q = _head_rows(kh, m.dk)
+    k = _head_rows(kh, m.dk, Kd)
+    v = _head_rows(vh, m.dv, 2 * Kd)
+    z = _head_rows(vh, m.dv, 2 * Kd + Vd)
+    b = torch.arange(vh.start, vh.stop)
+    m.in_proj_qkvz = _p(m.in_proj_qkvz.data[torch.cat([q, k, v, z])])
+    m.in_proj_ba = _p(m.in_proj_ba.data[torch.cat([b, b + m.Hv])])
+    m.conv1d = _p(m.conv1d.data[torch.cat([q, k, v])])
+    m.A_log = _p(m.A_log.data[vh])
+    m.dt_bias = _p(m.dt_bias.data[vh])
+    m.out_proj = _p(m.out_proj.data[:, v - 2 * Kd])
+    m.Hk, m.Hv = m.Hk // t, m.Hv // t
+    m.Kd, m.Vd = m.Hk * m.dk, m.Hv * m.dv
+    m.attn = RadixLinearAttention(
+        layer_id=m.layer_id, num_q_heads=m.Hk, num_k_heads=m.Hk, num_v_heads=m.Hv,
+        head_q_dim=m.dk, head_k_dim=m.dk, head_v_dim=m.dv, conv_weights=m.conv1d, bias=None,
+        activation="silu", A_log=m.A_log, dt_bias=m.dt_bias,
+    )
+    _reduce_output(m, spec)
+
+
+def shard_qsa(m, spec: ParallelSpec) -> None:
+    """Cut a ``Qwen38QSA`` to this rank's query heads; KV heads split or (``KV = 1``) replicated.
+
+    Raises:
+        ValueError: ``tp_size`` does not divide the query heads, or the KV heads
+            neither split evenly nor are a single head.
+    """
+    t, r = spec.tp_size, spec.tp_rank
+    hd, q_size, kv_size = m.hd, m.q_size, m.kv_size
+    qh = shard_range(m.H, r, t)
+    if m.KV % t == 0:
+        kvh = shard_range(m.KV, r, t)
+    elif m.KV == 1:
+        kvh = slice(0, 1)
+    else:
+        raise ValueError(f"num_key_value_heads={m.KV} must be 1 or a multiple of tp_size={t}")
+    qg = _head_rows(qh, 2 * hd)  # [q_h | gate_h] per head
+    k = _head_rows(kvh, hd, 2 * q_size)
+    v = _head_rows(kvh, hd, 2 * q_size + kv_size)
+    m.qkv_proj = _p(m.qkv_proj.data[torch.cat([qg, k, v])])
+    m.o_proj = _p(m.o_proj.data[:, _head_rows(qh, hd)])
+    m.H, m.KV = m.H // t, kvh.stop - kvh.start
+    m.q_size, m.kv_size = m.H * hd, m.KV * hd
+    _reduce_output(m, spec)
+
+
+def shard_moe(m, spec: ParallelSpec) -> None:
+    """Cut a ``Qwen38MoE`` to ``I / t`` of every expert's (and the shared expert's) intermediate.
+
+    Raises:
+        ValueError: ``spec.moe_owned_output`` (no replicated projection in this
+            MoE), or ``tp_size`` not dividing an intermediate size.
+    """
+    if spec.moe_owned_output:
+        raise ValueError("moe_owned_output needs latent MoE; Qwen3.8's MoE has no replicated output projection")
+    t, r = spec.tp_size, spec.tp_rank
+    I = m.inter
+    s = shard_range(I, r, t)
+    m.w13 = _p(torch.cat([m.w13.data[:, s], m.w13.data[:, I + s.start : I + s.stop]], dim=1))
+    m.w2 = _p(m.w2.data[:, :, s])
+    m.inter = I // t
+    shared = m.shared_expert
+    if shared is not None:
+        S = shared.intermediate_size
+        ss = shard_range(S, r, t)
+        w = shared.gate_up_proj.data
+        shared.gate_up_proj = _p(torch.cat([w[ss], w[S + ss.start : S + ss.stop]]))
+        shared.down_proj = _p(shared.down_proj.data[:, ss])
+        shared.intermediate_size = S // t
+    _reduce_output(m, spec)
+
+
+def shard_qwen38_text_model(model, spec: ParallelSpec):
+    """Cut every GDN / QSA / MoE block of a loaded ``Qwen38TextModel`` to rank ``spec.tp_rank`` (in place).
+
+    Returns ``model``; ``model.parallel`` is set to ``spec``. A ``spec`` of
+    width 1 leaves the model unchanged.
+
+    Raises:
+        ValueError: ``spec.dcp_size > 1`` (DCP is for MLA; Qwen3.8 has none),
+            or a shape the TP width does not divide (see the block functions).
+    """
+    if spec.dcp_size != 1:
+        raise ValueError("dcp_size must be 1: decode context parallel applies to MLA (Kimi K3), not QSA")
+    model.parallel = spec
+    if spec.tp_size == 1:
+        if spec.moe_owned_output:
+            raise ValueError("moe_owned_output needs latent MoE; Qwen3.8's MoE has no replicated output projection")
+        return model
+    for layer in model.layers:
+        if layer.is_linear:
+            shard_gdn(layer.linear_attn, spec)
+        else:
+            shard_qsa(layer.self_attn, spec)
+        shard_moe(layer.mlp, spec)
+    return model
+
+
+class _ReplicatedTable(nn.Module):
+    """``[vocab, D]`` embedding held whole on every rank (model-level runs, no upstream TP group)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, *args, **kwargs):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(input_ids, self.weight)
+
+
+@contextlib.contextmanager
+def _replicated_vocab():
+    # Qwen38TextModel builds upstream's VocabParallelEmbedding, which needs a
+    # published SGLang runtime (a server); a model-level run holds the table whole.
+    from sglang_hybrid.models.qwen38 import model as qwen_model
+
+    original = qwen_model.VocabParallelEmbedding
+    qwen_model.VocabParallelEmbedding = _ReplicatedTable
+    try:
+        yield
+    finally:
+        qwen_model.VocabParallelEmbedding = original
+
+
+def load_qwen38_text_model(model_dir: str, spec: ParallelSpec = ParallelSpec()) -> Tuple[nn.Module, torch.Tensor]:
+    """Build and load the text model of a Qwen3.8 checkpoint, cut to ``spec``'s rank.
+
+    Returns ``(model, lm_head [vocab, D])``; the model's ``parallel`` attribute is ``spec``.
+    """
+    from safetensors.torch import load_file
+    from sglang.srt.configs.qwen4_exp import Qwen4ExpConfig
+
+    from sglang_hybrid.models.kimi_k3.weights import load_checkpoint
+    from sglang_hybrid.models.qwen38.model import (
+        Qwen38ReferenceForConditionalGeneration,
+        Qwen38TextModel,
+        text_config_of,
+    )
+
+    text = text_config_of(Qwen4ExpConfig.from_pretrained(model_dir))
+    with _replicated_vocab():
+        model = Qwen38TextModel(text)
+    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+    lm_head = tensors.pop("lm_head.weight", None)
+    named: Iterable = Qwen38ReferenceForConditionalGeneration.target_weights(tensors.items())
+    holder = nn.Module()  # the mapping names parameters as the full model does ("model.…")
+    holder.model = model
+    load_checkpoint(holder, named, model.checkpoint_mapping())
+    if lm_head is None:  # tied
+        lm_head = model.embed_tokens.weight.data
+    return shard_qwen38_text_model(model, spec), lm_head
