@@ -329,14 +329,9 @@ PREFILL_SHAPES = ((1, 65536), (8, 16384))
 # (name, keyword arguments of gated_delta_chunk_triton); the fastest is reported as "ours"
 PREFILL_VARIANTS = [
     ("sequential_bt16", dict(method="sequential", tf32=True)),
-    ("parallel_tf32_fp32scratch_bv32", dict(method="parallel", tf32=True, scratch_dtype=torch.float32, num_warps=4)),
-    ("parallel_tf32_bf16scratch_bv32", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, num_warps=4)),
-    ("parallel_tf32_bf16scratch_bv32_w8", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, num_warps=8)),
-    ("parallel_tf32_bf16scratch_bv64", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, value_tile=64,
-                                            num_warps=4)),
-    ("parallel_tf32_bf16scratch_bv64_w8", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, value_tile=64,
-                                               num_warps=8)),
-    ("parallel_fp32_fp32scratch_bv32", dict(method="parallel", tf32=False, num_warps=4)),
+    # chunk-64 form at the launch table of chunk_parallel.CHUNK_LAUNCH for this device (spill-free in compile_gate)
+    ("parallel_tf32_bf16scratch_table", dict(method="parallel", tf32=True, scratch_dtype=torch.bfloat16)),
+    ("parallel_tf32_fp32scratch_table", dict(method="parallel", tf32=True, scratch_dtype=torch.float32)),
 ]
 PROFILE = True
 

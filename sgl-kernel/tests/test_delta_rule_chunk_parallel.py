@@ -90,3 +90,101 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
     assert rel(o, ro) < 1e-5 and rel(pool[0], rS) < 1e-5
     with pytest.raises(ValueError, match="method"):
         gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), method="fast")
+
+
+@pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
+def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound):
+    """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
+    cumsum programs, four w / u blocks) and 8- / 16-column state tiles, as the CDNA / sm_90
+    launch tables split the 128-wide heads (issue 9): same results as fla's naive recurrences,
+    checkpoints included."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+
+    gen = torch.Generator().manual_seed(13)
+    lens, H, HV, K, V = [70, 33], 1, 2, 64, 64
+    N = sum(lens)
+    q, k, v = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen), torch.randn(N, HV, V, generator=gen)
+    f = torch.randn(N, HV, generator=gen) if gate == "gdn" else torch.randn(N, HV, K, generator=gen)
+    b, A = torch.randn(N, HV, generator=gen), torch.rand(HV, generator=gen)
+    dtb = torch.randn(HV if gate == "gdn" else HV * K, generator=gen)
+    cu = torch.tensor([0, lens[0], N])
+    pool = torch.randn(2, HV, K, V, generator=gen)
+    init = pool.clone()
+    ck = torch.full((2, HV, K, V), NAN)
+    launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
+                         state_bv_ckpt=8, value_tile=16)
+    kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
+    o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
+                                   kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
+                                   launch=launch)
+    for i, (s, n0) in enumerate(zip([1, 0], [0, lens[0]])):
+        sl = slice(n0, n0 + lens[i])
+        g = kda_gate(f[sl], A, dtb, lower_bound) if gate == "kda" else gdn_gate(f[sl], A, dtb)
+        qn, kn = l2_norm(q[sl]).repeat_interleave(HV // H, 1), l2_norm(k[sl]).repeat_interleave(HV // H, 1)
+        s0 = init[s] if i == 0 else torch.zeros(HV, K, V)
+        if gate == "kda":
+            ro, rS = naive_recurrent_kda(qn[None], kn[None], v[sl][None], g[None], torch.sigmoid(b[sl])[None],
+                                         initial_state=s0[None], output_final_state=True)
+        else:
+            ro, rS = naive_recurrent_gated_delta_rule(qn[None], kn[None], v[sl][None], torch.sigmoid(b[sl])[None], g[None],
+                                                      initial_state=s0[None], output_final_state=True)
+        torch.testing.assert_close(o[sl], ro[0], rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(pool[s], rS[0], rtol=2e-5, atol=2e-5)
+        pos = 48 if i == 0 else 33
+        _, _, saved = gated_delta_recurrent(qn, kn, v[sl], g, torch.sigmoid(b[sl]), initial_state=s0,
+                                            acc_dtype=torch.float64, save_positions=[pos])
+        torch.testing.assert_close(ck[i].double(), saved[0], rtol=2e-5, atol=2e-5)
+
+
+def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):
+    """On ROCm (device reported as such) the prefill dispatch picks Triton with the gfx950 launch
+    entry and logs it; ``method="auto"`` runs the chunk-64 form without TF32 and the sequential
+    kernel (not compile-gated on CDNA) is refused."""
+    import sgl_hybrid_kernel.delta_rule.chunk as chunk_mod
+    import sgl_hybrid_kernel.delta_rule.chunk_parallel as cp
+    import sgl_hybrid_kernel.delta_rule.dispatch as disp
+    from sgl_hybrid_kernel.dispatch import chosen_paths
+    from sgl_hybrid_kernel.platform import DevicePlatform
+
+    monkeypatch.setattr(disp, "device_kind", lambda t: "rocm")
+    monkeypatch.setattr(chunk_mod, "device_kind", lambda t: "rocm")
+    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("rocm", "gfx950", 256, "MI355X"))
+    q, v, s = torch.zeros(2, 3, 128), torch.zeros(2, 3, 128), torch.zeros(1, 3, 128, 128)
+    assert disp.choose_chunk(q, v, s) == "triton"
+    choice = next(c for c in chosen_paths() if c.op == "delta_rule_prefill")
+    assert choice.impl == "triton:chunk64:gfx950x256" and "untimed" in choice.reason
+    calls = []
+    monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
+    args = (q, q, v, torch.zeros(2, 3, 128), torch.zeros(2, 3), torch.zeros(3), torch.zeros(3 * 128), torch.tensor([0, 2]), s,
+            torch.tensor([0]))
+    assert gated_delta_chunk_triton(*args, tf32=True) == "ran" and calls[0]["tf32"] is False
+    with pytest.raises(ValueError, match="method"):
+        gated_delta_chunk_triton(*args, method="sequential")
+
+
+def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
+    """On CUDA, 16-bit activations (what serving passes) go to the chunk-64 form with TF32 products —
+    the configuration the compile gate proves spill-free on sm_90 — and the dispatcher says so; FP32
+    activations keep the sequential kernel (FP32 products)."""
+    import sgl_hybrid_kernel.delta_rule.chunk as chunk_mod
+    import sgl_hybrid_kernel.delta_rule.chunk_parallel as cp
+    import sgl_hybrid_kernel.delta_rule.dispatch as disp
+    from sgl_hybrid_kernel.dispatch import chosen_paths
+    from sgl_hybrid_kernel.platform import DevicePlatform
+
+    monkeypatch.setattr(disp, "device_kind", lambda t: "cuda")
+    monkeypatch.setattr(chunk_mod, "device_kind", lambda t: "cuda")
+    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 132, "H200"))
+    q, v, s = torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(1, 3, 128, 128)
+    assert disp.choose_chunk(q, v, s) == "triton"
+    choice = next(c for c in chosen_paths() if c.op == "delta_rule_prefill")
+    assert choice.impl == "triton:chunk64:sm90x132" and "TF32" in choice.reason
+    calls = []
+    monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
+    args = (q, q, v, torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3),
+            torch.zeros(3 * 128), torch.tensor([0, 2]), s, torch.tensor([0]))
+    assert gated_delta_chunk_triton(*args) == "ran" and calls[0]["tf32"] is True
+    assert gated_delta_chunk_triton(*args, tf32=False, method="parallel") == "ran" and calls[1]["tf32"] is False
+    monkeypatch.undo()
+    disp.choose_chunk(q.float(), v.float(), s)  # leave the process-wide record as the CPU has it

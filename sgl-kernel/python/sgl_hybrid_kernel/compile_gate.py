@@ -154,8 +154,8 @@ def kernel_configs() -> List[KernelConfig]:
         out.append(KernelConfig(f"kda_fused_decode_bv{bv}", kda_fused_decode_kernel,
                                 dict(H=12, K=128, V=128, W=4, BK=128, BV=bv, NV=128 // bv, NVP=128 // bv, SAFE_GATE=True),
                                 num_warps=8 if bv >= 32 else 2))
-    # The chunked prefill is offered on CUDA only for now (it spills on CDNA:
-    # see docs/kernels.md); its configs are gated on sm_90.
+    # The sequential chunked prefill runs on CUDA only (it spills on CDNA; ROCm runs the
+    # chunk-64 form, chunk.gated_delta_chunk_triton): its configs are gated on sm_90.
     chunk = dict(BK=128, BV=32, BT=16, L2NORM=True, CKPT=True, TF32=True, KB=16)
     for name, extra in (
         ("kda_chunk_safe_bv32", dict(H=12, HV=12, GATE=GATE_KDA_SAFE, FACTORIZED=True)),
@@ -164,29 +164,50 @@ def kernel_configs() -> List[KernelConfig]:
     ):
         out.append(KernelConfig(name, gated_delta_chunk_kernel, dict(K=128, V=128, **extra, **chunk), num_warps=8, targets=("sm90",)))
     out += chunk_parallel_configs()
-    return out + attention_moe_configs()
+    return out + attention_moe_configs() + fp8_linear_configs()
+
+
+def _int32_scalars(kernel, constexprs) -> Dict[str, str]:
+    """``i32`` for every plain integer argument: what Triton's JIT specialises a Python int
+    below 2**31 to (strides, counts at serving shapes); the gate's default ``i64`` costs
+    scalar registers the launched kernel does not use."""
+    return {p: "i32" for p in inspect.signature(kernel.fn).parameters
+            if p not in constexprs and not p.endswith("_ptr") and p not in FLOAT_SCALARS}
+
+
+CHUNK_TARGETS = {"sm90": "sm90", "gfx942": "gfx942", "gfx950": "gfx950"}  # launch-table arch -> gate target
 
 
 def chunk_parallel_configs() -> List[KernelConfig]:
-    """Multi-kernel chunked prefill (chunk 64, ``triton_chunk_parallel.py``), BF16 activations and
-    intermediates, at the launch parameters of ``chunk_parallel.py``. Only its spill-free launches
-    are gated (the output kernel on all three targets, the gate cumsum on sm_90); the in-chunk and
-    state-passing kernels still spill on sm_90 (docs/kernels.md)."""
-    from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import chunk_gate_cumsum_kernel, chunk_output_kernel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    """Multi-kernel chunked prefill (chunk 64, ``triton_chunk_parallel.py``): the four launches
+    exactly as ``chunk_parallel.launch_params`` builds them from each (arch, CU) entry of
+    ``CHUNK_LAUNCH``, compiled for that entry's arch; BF16 activations and intermediates, TF32
+    products on sm_90 (the CUDA ``method="auto"`` choice) and FP32 products on CDNA (ROCm always
+    runs this form, without TF32); state passing with and without checkpoints. Kimi K3 TP8 (KDA safe and
+    standard gate, 12 heads x 128) and Qwen3.8 GDN (16 k-heads, 48 v-heads x 128)."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
-    sig = {"cidx_ptr": "*i32", "vn_ptr": "*bf16", "h_ptr": "*bf16"}
-    return [
-        KernelConfig("kda_chunk64_gate_cumsum", chunk_gate_cumsum_kernel,
-                     dict(HV=12, K=128, BK=128, BT=64, GATE=GATE_KDA_SAFE), num_warps=4, targets=("sm90",),
-                     signature={"cidx_ptr": "*i32"}),  # spills on gfx942 / gfx950
-        KernelConfig("kda_chunk64_output_bv32", chunk_output_kernel,
-                     dict(H=12, HV=12, K=128, V=128, BK=128, BV=32, BT=64, GATE=GATE_KDA_SAFE, L2NORM=True, TF32=True),
-                     num_warps=8, signature=sig),
-        KernelConfig("gdn_chunk64_output_bv32", chunk_output_kernel,
-                     dict(H=16, HV=48, K=128, V=128, BK=128, BV=32, BT=64, GATE=GATE_GDN, L2NORM=True, TF32=True),
-                     num_warps=8, signature=sig),
-    ]
+    bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr", "vn_ptr", "h_ptr")}
+    idx = {p: "*i32" for p in ("cidx_ptr", "coff_ptr")}
+    models = (("kda", GATE_KDA_SAFE, 12, 12, -5.0), ("kda_std", GATE_KDA, 12, 12, 0.0), ("gdn", GATE_GDN, 16, 48, 0.0))
+    out, seen = [], set()
+    for (arch, cus), launch in CHUNK_LAUNCH.items():
+        target = CHUNK_TARGETS[arch]
+        for tf32 in ((False,) if target != "sm90" else (True,)):  # chunk.py: no TF32 on CDNA
+            for model, kind, H, HV, lb in models:
+                for ckpt in (False, True):
+                    for part, (kern, cx, nw, _) in launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt).items():
+                        key = (target, part, tuple(sorted(cx.items())), nw)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        ps = inspect.signature(kern.fn).parameters
+                        sig = {k: v for k, v in {**bf16, **idx}.items() if k in ps}
+                        name = f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"
+                        out.append(KernelConfig(name, kern, cx, num_warps=nw, targets=(target,),
+                                                signature={**_int32_scalars(kern, cx), **sig}))
+    return out
 
 
 def attention_moe_configs() -> List[KernelConfig]:
@@ -199,6 +220,7 @@ def attention_moe_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.mla.triton_attention import mla_split_kv_kernel
     from sgl_hybrid_kernel.moe.triton_routing import moe_gating_topk_kernel, moe_sorted_layout_kernel
     from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel
+    from sgl_hybrid_kernel.norm.triton_rms_norm import rms_norm_kernel
 
     i32, f32, bf16 = "*i32", "*fp32", "*bf16"
     idx = {"page_table_ptr": i32, "kv_lens_ptr": i32, "qo_indptr_ptr": i32}
@@ -206,13 +228,13 @@ def attention_moe_configs() -> List[KernelConfig]:
     def mla_sig(kv):
         return {"q_ptr": bf16, "kv_ptr": kv, "part_ptr": f32, "part_lse_ptr": f32, "sm_scale": "fp32", "kv_scale": "fp32", **idx}
 
-    mla = dict(R=512, P=64, PAGE_SIZE=1)
+    mla = dict(R=512, P=64, PAGE_SIZE=1, CAUSAL=True)  # CAUSAL=False (DCP prefix shards) only drops the mask
     cuda_tile = dict(BLOCK_N=64, RC=512, RV=512)  # mla.attention.default_tile("cuda", rows <= 16)
     hopper_smem = 227 * 1024  # sm_90's per-block limit: the 16-row Hopper tile runs one program per SM
     cdna_tile = dict(BLOCK_N=16, RC=64, RV=128)  # default_tile("rocm", ...) and rows > 32 everywhere
     route_sig = {"logits_ptr": f32, "bias_ptr": f32, "weights_ptr": f32, "ids_ptr": i32,
                  "routed_scaling_factor": "fp32", "shared_weight": "fp32"}
-    layout_sig = {k: i32 for k in ("ids_ptr", "sorted_ids_ptr", "block_expert_ptr", "num_rows_ptr", "scratch_ptr")}
+    layout_sig = {"bits_ptr": "*i64", **{k: i32 for k in ("ids_ptr", "sorted_ids_ptr", "block_expert_ptr", "num_rows_ptr", "scratch_ptr")}}
     qsa_sig = {"q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "row_req_ptr": i32, "idx_ptr": i32, "o_ptr": bf16,
                "lse_ptr": f32, "sm_scale": "fp32", **idx}
     qsa = dict(G=12, D=128, DV=128, PAGE_SIZE=1, RATIO=4)
@@ -234,6 +256,12 @@ def attention_moe_configs() -> List[KernelConfig]:
           signature=mla_sig(bf16)),
         K("mla_verify_t5_h12", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=64, **cdna_tile), num_warps=8,
           signature=mla_sig(bf16)),
+        K("mla_extend_dcp_prefix_h12", mla_split_kv_kernel, dict(**{**mla, "CAUSAL": False}, HB=12, BLOCK_M=64, **cdna_tile),
+          num_warps=8, signature=mla_sig(bf16)),
+        K("rms_norm_d7168", rms_norm_kernel, dict(BLOCK_D=8192, HAS_RESIDUAL=False), num_warps=16,
+          signature={"x_ptr": bf16, "res_ptr": bf16, "w_ptr": bf16, "out_ptr": bf16, "res_out_ptr": bf16, "eps": "fp32"}),
+        K("fused_add_rms_norm_d7168", rms_norm_kernel, dict(BLOCK_D=8192, HAS_RESIDUAL=True), num_warps=16,
+          signature={"x_ptr": bf16, "res_ptr": bf16, "w_ptr": bf16, "out_ptr": bf16, "res_out_ptr": bf16, "eps": "fp32"}),
         K("attn_res_rmsnorm_d7168", attn_res_rmsnorm_kernel, dict(D=7168, BLOCK_D=8192, HAS_PREFIX=True, WRITE_BANK=True),
           num_warps=16, signature={"prefix_ptr": bf16, "addend_ptr": bf16, "bank_ptr": bf16, "cw_ptr": f32,
                                    "norm_w_ptr": bf16, "out_ptr": bf16, "head_ptr": bf16}),
@@ -246,12 +274,10 @@ def attention_moe_configs() -> List[KernelConfig]:
         K("moe_route_grouped_e256_g8", moe_gating_topk_kernel,
           dict(TOPK=8, KPAD=8, G=8, EG=32, GPAD=8, EGPAD=32, TOPK_GROUP=4, SCORING=0, HAS_BIAS=True, RENORM=True,
                SHARED=0), signature=route_sig),
-        K("moe_sorted_layout_2048", moe_sorted_layout_kernel, dict(BLOCK=2048, NE_PAD=1024, BLOCK_SIZE=16), num_warps=8,
-          signature=layout_sig),
-        K("moe_sorted_layout_4096_cuda", moe_sorted_layout_kernel, dict(BLOCK=4096, NE_PAD=1024, BLOCK_SIZE=16),
-          num_warps=32, targets=("sm90",), signature=layout_sig),
-        K("moe_sorted_layout_4096_cdna", moe_sorted_layout_kernel, dict(BLOCK=4096, NE_PAD=1024, BLOCK_SIZE=16),
-          num_warps=16, targets=("gfx942", "gfx950"), signature=layout_sig),
+        K("moe_sorted_layout_k3_e897", moe_sorted_layout_kernel,
+          dict(KOUT=17, NE_PAD=1024, EB=1024, FILL=1024, BLOCK_SIZE=16), num_warps=8, signature=layout_sig),
+        K("moe_sorted_layout_qwen_e513", moe_sorted_layout_kernel,
+          dict(KOUT=11, NE_PAD=1024, EB=1024, FILL=1024, BLOCK_SIZE=16), num_warps=8, signature=layout_sig),
         K("qsa_dense_t5_cuda", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=32, SPARSE=False), num_warps=4,
           targets=("sm90",), signature=qsa_sig),
         K("qsa_dense_t5_cdna", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=16, SPARSE=False), num_warps=8,
@@ -261,6 +287,24 @@ def attention_moe_configs() -> List[KernelConfig]:
         K("qsa_sparse_cdna", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=16, SPARSE=True), num_warps=4,
           targets=("gfx942", "gfx950"), signature=qsa_sig),
     ]
+
+
+def fp8_linear_configs() -> List[KernelConfig]:
+    """FP8 W8A16 GEMM of the Qwen3.8 residual projections (issue 6): 10,240 -> 320 and 320 -> 10,240 at the
+    tiles ``fp8_linear.linear.default_tile`` picks (16 decode/verify rows, 64 prefill rows). Codes are
+    ``fp8e4b8`` on gfx942 and ``fp8e4nv`` on gfx950 / sm_90; sizes and strides are i32, as Triton
+    specialises them at launch."""
+    from sgl_hybrid_kernel.fp8_linear.triton_fp8_linear import fp8_w8a16_linear_kernel
+
+    ints = {n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+    out = []
+    for name, tile, warps in (("down_k10240_n320_m16", (16, 32, 128), 4), ("up_k320_n10240_m16", (16, 64, 64), 4),
+                              ("down_k10240_n320_m64", (64, 32, 128), 8), ("up_k320_n10240_m64", (64, 64, 64), 8)):
+        consts = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=tile[2], EVEN_K=True)
+        for targets, fp8 in ((("gfx942",), "*fp8e4b8"), (("gfx950", "sm90"), "*fp8e4nv")):
+            out.append(KernelConfig(f"fp8_w8a16_{name}_{fp8[1:]}", fp8_w8a16_linear_kernel, consts, num_warps=warps,
+                                    targets=targets, signature={"w_ptr": fp8, "scale_ptr": "*fp32", **ints}))
+    return out
 
 
 def run_gate(targets=tuple(TARGETS)) -> List[Report]:

@@ -11,8 +11,8 @@ verify backend is left unset and decode is ours, verify is ours too (upstream
 would default it to Triton). Tree verify (``retrieve_parent_token`` given) stays
 on upstream's kernel: upstream routes it to ``tree_verify_kernel`` anyway.
 
-On a GPU, shapes outside our kernels' contract (and prefill on ROCm, where the
-chunk kernel spills) go to upstream's Triton kernel rather than the torch loop,
+On a GPU, shapes outside our kernels' contract go to upstream's Triton kernel
+rather than the torch loop (prefill takes our chunk-64 form on CUDA and ROCm),
 except an extend with a prefix-cache track request (upstream's kernel does not
 fill ``track_state``; the torch path does).
 
@@ -125,7 +125,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
         """
         if (q.device.type != "cpu" and not self.force_triton and kwargs.get("track_state") is None
                 and choose_chunk(q[0], v[0], ssm_states) != "triton"):
-            # ROCm (chunk kernel spills on CDNA) or outside the contract: upstream's kernel. Not with a
+            # Outside the contract: upstream's kernel. Not with a
             # track request: upstream's kernel ignores track_state, which we declare we fill.
             return super().extend(q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
                                   query_start_loc=query_start_loc, inplace_update=inplace_update, **kwargs)

@@ -9,6 +9,7 @@ import torch
 import triton
 
 from sgl_hybrid_kernel.delta_rule.chunk_parallel import gated_delta_chunk_parallel
+from sgl_hybrid_kernel.delta_rule.dispatch import device_kind
 from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -34,9 +35,9 @@ def gated_delta_chunk_triton(
     state_layout: str = "kv",
     checkpoints: Sequence[Tuple[int, int, int]] = (),
     checkpoint_pool: Optional[torch.Tensor] = None,
-    value_tile: int = 32,
+    value_tile: Optional[int] = None,
     num_warps: Optional[int] = None,
-    tf32: bool = False,
+    tf32: Optional[bool] = None,
     out: Optional[torch.Tensor] = None,
     method: str = "auto",
     scratch_dtype: Optional[torch.dtype] = None,
@@ -53,12 +54,18 @@ def gated_delta_chunk_triton(
         checkpoints: ``(sequence, position, checkpoint_slot)`` triples; ``position``
             (tokens into this call) must be a multiple of 16 or the sequence end.
         checkpoint_pool: pool receiving them (same layout).
-        value_tile: ``BV``; num_warps: default 8 (sequential: keeps sm_90 free of spills at ``BV`` 32; parallel: fewest spills, docs/kernels.md); tf32: allow TF32 for the state products (not the inverse).
+        value_tile: ``BV`` (sequential default 32; parallel default: the device's launch table,
+            ``chunk_parallel.CHUNK_LAUNCH``); num_warps: sequential default 8 (keeps sm_90 free of
+            spills at ``BV`` 32); parallel default: the launch table; tf32: allow TF32 for
+            the ``Aqk`` / ``w`` / ``u`` / state products (never the dependency matrix or its
+            inverse); ``None`` (default): True for 16-bit activations on CUDA (the configuration
+            the compile gate proves spill-free on sm_90), else False.
         method: ``"parallel"`` (four kernels, chunk 64, ``triton_chunk_parallel.py``),
             ``"sequential"`` (one kernel walking each sequence, chunk 16) or ``"auto"``:
-            parallel for 16-bit activations with ``tf32=True`` (the configuration measured
-            3.3x / 1.5x faster than sequential on the H200, docs/kernels.md), else sequential
-            (the parallel form with FP32 products spills and ran 5-10x slower).
+            parallel for 16-bit activations with TF32 (measured 3.3x / 1.5x faster than
+            sequential on the H200, docs/kernels.md), else sequential (FP32 activations:
+            tests and references); on ROCm always parallel, with FP32 products (``tf32``
+            ignored; the sequential kernel is not offered there: ValueError).
         scratch_dtype: parallel method only: dtype of its ``w``/``u``/``v_new``/``h``
             intermediates (default: the activations' dtype when 16-bit, else FP32).
 
@@ -98,8 +105,16 @@ def gated_delta_chunk_triton(
     if has_initial_state is None:
         has_initial_state = torch.ones(S, dtype=torch.int32, device=q.device)
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
+    rocm = device_kind(q) == "rocm"
+    if tf32 is None:
+        tf32 = not rocm and q.element_size() == 2
     if method == "auto":
-        method = "parallel" if tf32 and q.element_size() == 2 else "sequential"
+        # ROCm: always the chunk-64 form (the sequential kernel spills on CDNA; issue 9).
+        method = "parallel" if rocm or (tf32 and q.element_size() == 2) else "sequential"
+    if rocm:
+        if method == "sequential":
+            raise ValueError("method: 'sequential' is not offered on ROCm (it spills on CDNA); use 'parallel' or 'auto'")
+        tf32 = False  # gfx950 has no xf32 matrix instructions; CDNA is compile-gated with FP32 products
     if method == "parallel":
         if scratch_dtype is None and q.element_size() == 2:
             scratch_dtype = q.dtype
@@ -107,9 +122,10 @@ def gated_delta_chunk_triton(
             q, k, v, f, b, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
             kind, lower_bound, K ** -0.5 if scale is None else scale, l2norm, state_layout, checkpoints,
             checkpoint_pool, lens, value_tile=value_tile, tf32=tf32, scratch_dtype=scratch_dtype, out=out,
-            num_warps=8 if num_warps is None else num_warps)
+            num_warps=num_warps)
     o = out if out is not None else torch.empty_like(v)
     cp = checkpoint_pool if ckpt_idx is not None else state
+    value_tile = value_tile or 32
     gated_delta_chunk_kernel[(triton.cdiv(V, value_tile), S * HV)](
         q, k, v, f, b, o, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
         cp, ckpt_idx if ckpt_idx is not None else state_indices, max_chunks,

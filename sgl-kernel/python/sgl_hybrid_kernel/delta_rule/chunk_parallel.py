@@ -8,7 +8,8 @@ tiles), output (parallel over chunks). Same contract as
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -20,9 +21,104 @@ from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import (
     chunk_state_kernel,
 )
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+from sgl_hybrid_kernel.platform import device_platform
 
 BT = 64  # tokens per chunk
 BC = 16  # rows per diagonal block of the in-chunk inverse; checkpoint grid
+
+
+@dataclass(frozen=True)
+class ChunkLaunch:
+    """Launch parameters of the four kernels on one (arch, compute-unit count).
+
+    ``*_warps``: warps (CUDA) / wavefronts (ROCm) per program; ``cumsum_bk``: gate
+    channels per cumulative-sum program; ``intra_kd`` / ``state_kd``: key block of the
+    in-chunk and state-passing products (the state is held as ``K / state_kd <= 4``
+    blocks); ``intra_kb``: channels per step of the unbounded-gate diagonal block;
+    ``intra_bv``: value block of ``u = M beta v``; ``state_bv`` / ``state_bv_ckpt``:
+    value columns per state-passing program without / with checkpoints;
+    ``value_tile``: value columns per output program. Every entry is compiled by
+    ``compile_gate`` for its arch and must be free of spills there (issue 9).
+    ``tuned`` is False for an entry not timed on that part (the dispatch log says so).
+    """
+
+    name: str
+    cumsum_bk: int = 64
+    cumsum_warps: int = 4
+    intra_kd: int = 32
+    intra_kb: int = 4
+    intra_bv: int = 32
+    intra_warps: int = 8
+    state_kd: int = 64
+    state_bv: int = 32
+    state_bv_ckpt: int = 8
+    state_warps: int = 8
+    value_tile: int = 32
+    output_warps: int = 8
+    tuned: bool = True
+    source: str = ""
+
+
+# Keyed by (arch, compute units) like the decode value-tile table (recurrent.VALUE_TILE_TUNED):
+# a table timed on one part must not silently apply to a part with another CU count.
+CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
+    ("sm90", 132): ChunkLaunch("sm90x132", state_kd=64, state_bv=16, state_bv_ckpt=8,
+                               source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
+    ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, tuned=False,
+                                 source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
+    ("gfx950", 256): ChunkLaunch("gfx950x256", state_kd=32, state_bv=16, state_bv_ckpt=16, tuned=False,
+                                 source="spill-free in compile_gate for gfx950; not timed (no MI355X here)"),
+}
+# Parts of a known arch with another CU count get that arch's compile-gated parameters,
+# marked untuned (spills depend on the arch, not on the CU count).
+ARCH_DEFAULT: Dict[str, Tuple[str, int]] = {"sm90": ("sm90", 132), "gfx942": ("gfx942", 304), "gfx950": ("gfx950", 256)}
+INTERPRETER_LAUNCH = CHUNK_LAUNCH[("sm90", 132)]
+
+
+def chunk_launch(arch: Optional[str], num_compute_units: Optional[int]) -> ChunkLaunch:
+    """The entry for ``(arch, num_compute_units)``; for another CU count of a gated arch, that
+    arch's entry marked ``tuned=False``; for an arch the gate does not compile, the sm_90
+    entry marked ``tuned=False`` (its spill-freeness there is unchecked: the log says so)."""
+    entry = CHUNK_LAUNCH.get((arch, num_compute_units))
+    if entry is not None:
+        return entry
+    base = CHUNK_LAUNCH[ARCH_DEFAULT.get(arch, ("sm90", 132))]
+    gated = "compile-gated" if arch in ARCH_DEFAULT else "not compile-gated"
+    return ChunkLaunch(**{**base.__dict__, "name": f"{base.name}->{arch}x{num_compute_units}", "tuned": False,
+                          "source": f"{base.name} parameters on an untimed part ({gated} for {arch})"})
+
+
+def device_chunk_launch(device: torch.device) -> ChunkLaunch:
+    """:func:`chunk_launch` for a tensor's device (CPU tensors: :data:`INTERPRETER_LAUNCH`)."""
+    plat = device_platform(device)
+    if plat.device == "cpu":
+        return INTERPRETER_LAUNCH
+    return chunk_launch(*plat.key)
+
+
+def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: int, lower_bound: float,
+                  l2norm: bool, tf32: bool, ckpt: bool, value_tile: Optional[int] = None,
+                  num_warps: Optional[int] = None) -> Dict[str, Tuple[object, Dict[str, object], int, tuple]]:
+    """``{"cumsum" | "intra" | "state" | "output": (kernel, constexprs, num_warps, grid_tail)}``: what
+    :func:`gated_delta_chunk_parallel` launches; ``compile_gate`` compiles the same dicts.
+    ``grid_tail``: the grid's value-tile / channel-block dimension."""
+    BK = triton.next_power_of_2(K)
+    BVP = triton.next_power_of_2(V)
+    sbv = min(value_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
+    obv = min(value_tile or launch.value_tile, BVP)
+    gbk = min(launch.cumsum_bk, BK)
+    common = dict(H=H, HV=HV, K=K, V=V, BK=BK, BT=BT, GATE=kind, L2NORM=l2norm, TF32=tf32)
+    return {
+        "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
+                   (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
+        "intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
+                                           FACTORIZED=kind == GATE_KDA_SAFE and (BC - 1) * abs(lower_bound) <= 80.0,
+                                           KB=min(launch.intra_kb, BK), KD=min(launch.intra_kd, BK)),
+                  launch.intra_warps, ()),
+        "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(launch.state_kd, BK), BK // 4), CKPT=ckpt),
+                  num_warps or launch.state_warps, (triton.cdiv(V, sbv),)),
+        "output": (chunk_output_kernel, dict(**common, BV=obv), num_warps or launch.output_warps, (triton.cdiv(V, obv),)),
+    }
 
 
 def gated_delta_chunk_parallel(
@@ -45,18 +141,22 @@ def gated_delta_chunk_parallel(
     checkpoints: Sequence[Tuple[int, int, int]],
     checkpoint_pool: Optional[torch.Tensor],
     lens: Sequence[int],
-    value_tile: int = 32,
+    value_tile: Optional[int] = None,
     tf32: bool = False,
     scratch_dtype: Optional[torch.dtype] = None,
-    num_warps: int = 8,
+    num_warps: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
+    launch: Optional[ChunkLaunch] = None,
 ) -> torch.Tensor:
     """Run the four kernels; arguments already validated by ``gated_delta_chunk_triton``.
 
     ``scratch_dtype`` holds ``w``, ``u``, ``v_new`` and the chunk-start states ``h``
     (default: FP32; BF16 halves their traffic). ``G`` and ``Aqk`` are always FP32,
-    and so are ``A`` and its inverse (never leave registers).
+    and so are ``A`` and its inverse (never leave registers). ``launch`` defaults to the
+    device's :func:`device_chunk_launch` (parameters by arch and CU count); ``value_tile`` /
+    ``num_warps`` override its value tiles / state-passing and output warps.
     """
+    launch = launch or device_chunk_launch(q.device)
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     S = len(lens)
@@ -76,7 +176,8 @@ def gated_delta_chunk_parallel(
     o = out if out is not None else torch.empty_like(v)
     if NC == 0:
         return o
-    BK = triton.next_power_of_2(K)
+    lb = 0.0 if lower_bound is None else float(lower_bound)
+    p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps)
     gshape = (N, HV) if kind == GATE_GDN else (N, HV, K)
     G = torch.empty(gshape, dtype=torch.float32, device=dev)
     aqk = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)
@@ -84,29 +185,20 @@ def gated_delta_chunk_parallel(
     u = torch.empty(N, HV, V, dtype=sd, device=dev)
     vn = torch.empty(N, HV, V, dtype=sd, device=dev)
     h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
-    lb = 0.0 if lower_bound is None else float(lower_bound)
-    chunk_gate_cumsum_kernel[(NC, HV)](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, HV=HV, K=K, BK=BK, BT=BT, GATE=kind)
-    chunk_intra_kernel[(NC, HV)](
-        q, k, v, b, G, aqk, w, u, cu_seqlens, cidx, scale,
-        H=H, HV=HV, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
-        FACTORIZED=kind == GATE_KDA_SAFE and (BC - 1) * abs(lb) <= 80.0, KB=min(16, BK), KD=BK, TF32=tf32,
-        num_warps=num_warps,
-    )
+    kern, cx, nw, grid = p["cumsum"]
+    kern[(NC, HV) + grid](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, **cx, num_warps=nw)
+    kern, cx, nw, grid = p["intra"]
+    kern[(NC, HV)](q, k, v, b, G, aqk, w, u, cu_seqlens, cidx, scale, **cx, num_warps=nw)
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()
         return (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
 
     cp = checkpoint_pool if ckpt_idx is not None else state
-    chunk_state_kernel[(triton.cdiv(V, value_tile), S * HV)](
+    kern, cx, nw, grid = p["state"]
+    kern[grid + (S * HV,)](
         k, G, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
-        ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=value_tile, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
-        CKPT=ckpt_idx is not None, TF32=tf32, num_warps=num_warps,
-    )
-    chunk_output_kernel[(triton.cdiv(V, value_tile), NC, HV)](
-        q, G, aqk, vn, h, o, cu_seqlens, cidx, scale,
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=value_tile, BT=BT, GATE=kind, L2NORM=l2norm, TF32=tf32,
-        num_warps=num_warps,
-    )
+        ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp), **cx, num_warps=nw)
+    kern, cx, nw, grid = p["output"]
+    kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw)
     return o

@@ -3,9 +3,10 @@
 Each picks by device and shape, logs its choice once (``sgl_hybrid_kernel.dispatch``)
 and keeps the plain-torch reference for shapes outside a kernel's tested
 contract. There is no aiter KDA/GDN kernel (aiter 0.x ships none), so on ROCm
-the choice is Triton or torch. The chunked prefill is not offered on ROCm yet:
-it spills registers on CDNA (docs/kernels.md), so the caller keeps its ordinary
-path there.
+the choice is Triton or torch. On ROCm the chunked prefill is the chunk-64 form
+(``triton_chunk_parallel.py``) at the launch parameters of ``chunk_parallel.CHUNK_LAUNCH``
+for the device's (arch, CU count), all compile-gated free of spills on gfx942 /
+gfx950 (issue 9); the sequential kernel is CUDA-only.
 
 Contract of the Triton kernels (else: torch): key and value head dims <= 256,
 ``HV % H == 0``, FP32 state pool, CUDA or ROCm device.
@@ -18,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from sgl_hybrid_kernel.delta_rule.chunk_parallel import device_chunk_launch
 from sgl_hybrid_kernel.delta_rule.recurrent import device_value_tile_tuning
 from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.platform import device_platform
@@ -69,14 +71,26 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
     if kind == "cpu":
         record_choice("delta_rule_prefill", "torch", "CPU tensors: plain-torch reference", log=logger)
         return "torch"
-    if kind == "rocm":
-        record_choice("delta_rule_prefill", "torch", "ROCm: the chunk kernel spills on CDNA (docs/kernels.md)", log=logger)
-        return "torch"
     why = _in_contract(q, v, state)
     if why:
         record_choice("delta_rule_prefill", "torch", f"outside the Triton contract: {why}", log=logger)
         return "torch"
+    if kind == "rocm":
+        launch = device_chunk_launch(q.device)
+        timed = "timed" if launch.tuned else "untimed"
+        record_choice("delta_rule_prefill", f"triton:chunk64:{launch.name}",
+                      f"rocm: triton_chunk_parallel (chunk 64, FP32 products), launch table {launch.name} "
+                      f"({timed}; {launch.source})", log=logger)
+        return "triton"
+    if q.element_size() == 2:
+        launch = device_chunk_launch(q.device)
+        timed = "timed" if launch.tuned else "untimed"
+        record_choice("delta_rule_prefill", f"triton:chunk64:{launch.name}",
+                      f"cuda: triton_chunk_parallel (chunk 64, TF32 products, FP32 inverse), launch table "
+                      f"{launch.name} ({timed}; {launch.source})", log=logger)
+        return "triton"
     arch = device_platform(q.device).arch
-    tuned = "spill-free and measured on sm90" if arch == "sm90" else f"config measured on sm90, untuned on {arch}"
-    record_choice("delta_rule_prefill", "triton:bt16-bv32-w8", f"cuda: triton_chunk BT=16 BV=32 num_warps=8 ({tuned})", log=logger)
+    record_choice("delta_rule_prefill", "triton:bt16-bv32-w8",
+                  f"cuda, FP32 activations: triton_chunk BT=16 BV=32 num_warps=8 (FP32 products; measured on sm90, "
+                  f"not in the compile gate's spill-free set{'' if arch == 'sm90' else f'; untuned on {arch}'})", log=logger)
     return "triton"

@@ -10,14 +10,17 @@ sequential over chunks (issue 4):
    ``g`` from the raw gate and its chunk-local cumulative sum ``G`` (FP32).
 2. ``chunk_intra_kernel`` — parallel over (chunk, value head): the ``BT x BT``
    dependency matrix ``A = strict_tril(beta_t k_t^T exp(G_t - G_s) k_s)`` and the
-   in-chunk attention ``Aqk``, built 16 rows at a time; the inverse
-   ``M = (I + A)^-1`` by block forward substitution over 16x16 diagonal blocks
-   (each inverted by repeated squaring), all with FP32 inputs and accumulation;
-   then ``w = M (beta k e^G)`` and ``u = M (beta v)``.
+   in-chunk attention ``Aqk``, built 16 rows at a time and summed over key blocks of
+   ``KD`` channels; the inverse ``M = (I + A)^-1`` by block forward substitution over
+   16x16 diagonal blocks (each inverted by repeated squaring), all with FP32 inputs
+   and accumulation; then ``w = M (beta k e^G)`` (by key blocks of ``KD``) and
+   ``u = M (beta v)`` (by value blocks of ``BV``).
 3. ``chunk_state_kernel`` — parallel over (sequence, value head, value tile),
    sequential over chunks: stores the chunk-start state ``h``, the pseudo-values
    ``v_new = u - w h`` and updates ``h <- e^{G_last} h + (k e^{G_last - G})^T v_new``;
-   writes requested checkpoints (any 16-token position) and the final state.
+   writes requested checkpoints (any 16-token position) and the final state. The
+   ``[K, BV]`` state is held as up to four key blocks of ``KD`` rows (``S0..S3``), so
+   only one block of ``w``, ``k`` and ``G`` is live at a time.
 4. ``chunk_output_kernel`` — parallel over (chunk, value head, value tile):
    ``o = (q e^G) h + Aqk v_new``.
 
@@ -27,6 +30,11 @@ rows carry ``exp(G_t - G_r) <= 1``. Inside the 16x16 diagonal block the same
 factorisation needs a bounded gate (KDA safe gate, ``15 * |lower_bound| <= 80``);
 otherwise (standard KDA gate) the diagonal block sums ``k_t k_s exp(G_t - G_s)``
 over key blocks of ``KB`` channels. GDN (one decay per head) uses the decay matrix.
+
+Register budget (issue 9, ``compile_gate``): no ``[BT, K]`` tile is ever whole in
+registers; every K-wide product runs over key blocks of ``KD`` channels (loops, not
+unrolled), which keeps all four kernels free of spills on gfx942, gfx950 and sm_90
+at the launch parameters of ``chunk_parallel.LAUNCH``.
 """
 
 from __future__ import annotations
@@ -47,21 +55,33 @@ def _dot(a, b, TF32: tl.constexpr):
 
 
 @triton.jit
+def _tile(ptr, tok, m_t, i_h, H: tl.constexpr, K: tl.constexpr, kd, KD: tl.constexpr):
+    """``[rows, KD]`` FP32 tile of a token-major ``[N, H, K]`` tensor: rows ``tok``, head ``i_h``,
+    channels ``kd .. kd + KD - 1`` (zeros outside ``m_t`` and past ``K``)."""
+    o_d = kd + tl.arange(0, KD)
+    return tl.load(ptr + (tok[:, None] * H + i_h) * K + o_d[None, :], mask=m_t[:, None] & (o_d < K)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rnorm(ptr, tok, m_t, i_h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, KD: tl.constexpr, L2NORM: tl.constexpr):
+    """Per-row L2-norm factor ``rsqrt(sum x^2 + 1e-6)`` of rows ``tok`` (1 without ``L2NORM``),
+    summed over key blocks of ``KD`` channels."""
+    ss = tok.to(tl.float32) * 0.0
+    if L2NORM:
+        for kd in range(0, BK, KD):
+            x = _tile(ptr, tok, m_t, i_h, H, K, kd, KD)
+            ss += tl.sum(x * x, axis=1)
+        return tl.rsqrt(ss + 1e-6)
+    else:
+        return ss + 1.0
+
+
+@triton.jit
 def _load_qk(ptr, tok, m_t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, L2NORM: tl.constexpr):
     x = tl.load(ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     if L2NORM:
         x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
     return x
-
-
-@triton.jit
-def _rnorm(ptr, tok, m_t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, L2NORM: tl.constexpr):
-    """Per-row factor of the L2 norm (1 without it), rows ``tok``."""
-    x = tl.load(ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-    if L2NORM:
-        return tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)
-    else:
-        return tl.sum(x * 0.0, axis=1) + 1.0
 
 
 @triton.jit
@@ -75,7 +95,7 @@ def chunk_gate_cumsum_kernel(
     lower_bound,
     HV: tl.constexpr,
     K: tl.constexpr,
-    BK: tl.constexpr,
+    BK: tl.constexpr,  # channels per program (the gate is independent per channel)
     BT: tl.constexpr,
     GATE: tl.constexpr,
 ):
@@ -95,7 +115,7 @@ def chunk_gate_cumsum_kernel(
         g = tl.where(m_t, -A_h * _softplus(a + dtb), 0.0)
         tl.store(g_ptr + tok * HV + i_hv, tl.cumsum(g, axis=0), mask=m_t)
     else:
-        o_k = tl.arange(0, BK)
+        o_k = tl.program_id(2) * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -126,14 +146,14 @@ def chunk_intra_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
-    BVF: tl.constexpr,  # next power of two of V (all value columns at once)
+    BV: tl.constexpr,  # value columns per block of the u product
     BT: tl.constexpr,
     BC: tl.constexpr,
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     FACTORIZED: tl.constexpr,
     KB: tl.constexpr,
-    KD: tl.constexpr,  # key block of the off-diagonal products
+    KD: tl.constexpr,  # key block of every K-wide product
     TF32: tl.constexpr,  # TF32 allowed for Aqk and the w/u products (never for A or its inverse)
 ):
     i_c = tl.program_id(0)
@@ -144,17 +164,16 @@ def chunk_intra_kernel(
     bos = tl.load(cu_ptr + i_s).to(tl.int64)
     T = tl.load(cu_ptr + i_s + 1).to(tl.int64) - bos
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
     rows = c * BT + o_t
     m_t = rows < T
     tok = bos + rows
     tokc = bos + tl.minimum(rows, T - 1)  # padding rows repeat the last G (their g is 0)
+    rn_all = _rnorm(k_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
 
-    # The whole-chunk tiles (k_all, G_all: BT x BK) are reloaded where used (L1/L2 hits)
-    # instead of living across the block loop: that keeps the kernel free of spills.
+    # Chunk tiles are reloaded per key block where used (L1/L2 hits) instead of living
+    # across the block loop: no [BT, K] tile is ever whole in registers.
     M = tl.zeros([BT, BT], dtype=tl.float32)
-    for i in tl.static_range(BT // BC):
+    for i in range(0, BT // BC):
         o_ti = i * BC + tl.arange(0, BC)  # chunk-local rows of block i
         r_i = c * BT + o_ti
         m_i = r_i < T
@@ -164,55 +183,49 @@ def chunk_intra_kernel(
         beta_i = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta_i)), 0.0)
         causal = o_ti[:, None] >= o_t[None, :]
         strict = o_ti[:, None] > o_t[None, :]
+        rn_k = _rnorm(k_ptr, tok_i, m_i, i_h, H, K, BK, KD, L2NORM)
+        rn_q = _rnorm(q_ptr, tok_i, m_i, i_h, H, K, BK, KD, L2NORM) * scale
+        Akk = tl.zeros([BC, BT], dtype=tl.float32)
+        Aq = tl.zeros([BC, BT], dtype=tl.float32)
         if GATE == 2:
-            k_all = _load_qk(k_ptr, tok, m_t, i_h, o_k, m_k, H, K, L2NORM)
+            for kd in range(0, BK, KD):
+                ka = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn_all[:, None]
+                ki = _tile(k_ptr, tok_i, m_i, i_h, H, K, kd, KD) * rn_k[:, None]
+                qi = _tile(q_ptr, tok_i, m_i, i_h, H, K, kd, KD) * rn_q[:, None]
+                Akk += tl.dot(ki, tl.trans(ka), input_precision="ieee")
+                Aq += _dot(qi, tl.trans(ka), TF32)
             G_all = tl.load(g_ptr + tokc * HV + i_hv)
-            k_i = _load_qk(k_ptr, tok_i, m_i, i_h, o_k, m_k, H, K, L2NORM)
-            q_i = _load_qk(q_ptr, tok_i, m_i, i_h, o_k, m_k, H, K, L2NORM) * scale
             G_i = tl.load(g_ptr + tokc_i * HV + i_hv)
             D = tl.exp(tl.where(causal, G_i[:, None] - G_all[None, :], float("-inf")))
-            Akk = tl.dot(k_i, tl.trans(k_all), input_precision="ieee") * D
-            Aq = _dot(q_i, tl.trans(k_all), TF32) * D
+            Akk = Akk * D
+            Aq = Aq * D
         else:
             r0 = bos + tl.minimum(c * BT + i * BC, T - 1)  # the block's first row: reference of the exponents
             if FACTORIZED:
                 colmask = o_t < (i + 1) * BC  # earlier blocks and the (bounded) diagonal block
             else:
                 colmask = o_t < i * BC  # earlier blocks only
-            rn_all = _rnorm(k_ptr, tok, m_t, i_h, o_k, m_k, H, K, L2NORM)
-            rn_k = _rnorm(k_ptr, tok_i, m_i, i_h, o_k, m_k, H, K, L2NORM)
-            rn_q = _rnorm(q_ptr, tok_i, m_i, i_h, o_k, m_k, H, K, L2NORM)
-            Akk = tl.zeros([BC, BT], dtype=tl.float32)
-            Aq = tl.zeros([BC, BT], dtype=tl.float32)
-            for kd in tl.static_range(0, BK, KD):  # key blocks keep the BT x KD tiles small (no spills)
+            for kd in range(0, BK, KD):
                 o_d = kd + tl.arange(0, KD)
-                m_d = o_d < K
-                ka = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-                Ga = tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_d[None, :], mask=m_d[None, :], other=0.0)
-                Grd = tl.load(g_ptr + (r0 * HV + i_hv) * K + o_d, mask=m_d, other=0.0)
-                kc = ka * rn_all[:, None] * tl.exp(tl.where(colmask[:, None], Grd[None, :] - Ga, float("-inf")))
-                Gi = tl.load(g_ptr + (tokc_i[:, None] * HV + i_hv) * K + o_d[None, :], mask=m_d[None, :], other=0.0)
-                e = tl.exp(Gi - Grd[None, :])
-                ki = tl.load(k_ptr + (tok_i[:, None] * H + i_h) * K + o_d[None, :], mask=m_i[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-                qi = tl.load(q_ptr + (tok_i[:, None] * H + i_h) * K + o_d[None, :], mask=m_i[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-                Akk += tl.dot(ki * (rn_k[:, None] * e), tl.trans(kc), input_precision="ieee")
-                Aq += _dot(qi * ((rn_q * scale)[:, None] * e), tl.trans(kc), TF32)
+                Grd = tl.load(g_ptr + (r0 * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+                Ga = _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD)
+                kc = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn_all[:, None]
+                kc = kc * tl.exp(tl.where(colmask[:, None], Grd[None, :] - Ga, float("-inf")))
+                e = tl.exp(_tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kd, KD) - Grd[None, :])
+                ki = _tile(k_ptr, tok_i, m_i, i_h, H, K, kd, KD) * (rn_k[:, None] * e)
+                qi = _tile(q_ptr, tok_i, m_i, i_h, H, K, kd, KD) * (rn_q[:, None] * e)
+                Akk += tl.dot(ki, tl.trans(kc), input_precision="ieee")
+                Aq += _dot(qi, tl.trans(kc), TF32)
             if not FACTORIZED:
                 # Diagonal block of an unbounded per-channel decay: exact exp(G_t - G_s), t >= s.
                 o_c = tl.arange(0, BC)
                 cd = o_c[:, None] >= o_c[None, :]
                 Ad = tl.zeros([BC, BC], dtype=tl.float32)
                 Aqd = tl.zeros([BC, BC], dtype=tl.float32)
-                k_rn = rn_k
-                q_rn = rn_q
-                for kb in tl.static_range(0, BK, KB):
-                    o_kb = kb + tl.arange(0, KB)
-                    m_b = m_i[:, None] & (o_kb < K)[None, :]
-                    kk = tl.load(k_ptr + (tok_i[:, None] * H + i_h) * K + o_kb[None, :], mask=m_b, other=0.0).to(tl.float32)
-                    qq = tl.load(q_ptr + (tok_i[:, None] * H + i_h) * K + o_kb[None, :], mask=m_b, other=0.0).to(tl.float32)
-                    kk = kk * k_rn[:, None]
-                    qq = qq * (q_rn * scale)[:, None]
-                    Gb = tl.load(g_ptr + (tokc_i[:, None] * HV + i_hv) * K + o_kb[None, :], mask=(o_kb < K)[None, :], other=0.0)
+                for kb in range(0, BK, KB):
+                    kk = _tile(k_ptr, tok_i, m_i, i_h, H, K, kb, KB) * rn_k[:, None]
+                    qq = _tile(q_ptr, tok_i, m_i, i_h, H, K, kb, KB) * rn_q[:, None]
+                    Gb = _tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kb, KB)
                     d = tl.exp(tl.where(cd[:, :, None], Gb[:, None, :] - Gb[None, :, :], float("-inf")))
                     Ad += tl.sum(kk[:, None, :] * kk[None, :, :] * d, axis=2)
                     Aqd += tl.sum(qq[:, None, :] * kk[None, :, :] * d, axis=2)
@@ -232,20 +245,76 @@ def chunk_intra_kernel(
 
     beta_all = tl.load(b_ptr + tok * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     beta_all = tl.where(m_t, 1.0 / (1.0 + tl.exp(-beta_all)), 0.0)
-    o_vf = tl.arange(0, BVF)
-    m_vf = o_vf < V
-    v_all = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_vf[None, :], mask=m_t[:, None] & m_vf[None, :], other=0.0).to(tl.float32)
-    u = _dot(M, v_all * beta_all[:, None], TF32)
-    tl.store(u_ptr + (tok[:, None] * HV + i_hv) * V + o_vf[None, :], u.to(u_ptr.dtype.element_ty), mask=m_t[:, None] & m_vf[None, :])
-    k_all = _load_qk(k_ptr, tok, m_t, i_h, o_k, m_k, H, K, L2NORM)
+    for v0 in range(0, V, BV):
+        vb = _tile(v_ptr, tok, m_t, i_hv, HV, V, v0, BV)
+        u = _dot(M, vb * beta_all[:, None], TF32)
+        o_v = v0 + tl.arange(0, BV)
+        tl.store(u_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], u.to(u_ptr.dtype.element_ty), mask=m_t[:, None] & (o_v < V)[None, :])
     if GATE == 2:
-        G_all = tl.load(g_ptr + tokc * HV + i_hv)
-        kb_all = k_all * (beta_all * tl.exp(G_all))[:, None]
+        rb = rn_all * beta_all * tl.exp(tl.load(g_ptr + tokc * HV + i_hv))
     else:
-        G_all = tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-        kb_all = k_all * beta_all[:, None] * tl.exp(G_all)
-    w = _dot(M, kb_all, TF32)
-    tl.store(w_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], w.to(w_ptr.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+        rb = rn_all * beta_all
+    for kd in range(0, BK, KD):
+        kb = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rb[:, None]
+        if GATE != 2:
+            kb = kb * tl.exp(_tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD))
+        w = _dot(M, kb, TF32)
+        o_d = kd + tl.arange(0, KD)
+        tl.store(w_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], w.to(w_ptr.dtype.element_ty), mask=m_t[:, None] & (o_d < K)[None, :])
+
+
+@triton.jit
+def _pool_block(base, kd, KD: tl.constexpr, K: tl.constexpr, s_k, o_v, s_v, m_v):
+    """Pointers and mask of rows ``kd .. kd + KD - 1`` of a ``[K, BV]`` state tile at ``base``."""
+    o_d = kd + tl.arange(0, KD)
+    return base + o_d[:, None] * s_k + o_v[None, :] * s_v, (o_d < K)[:, None] & m_v[None, :]
+
+
+@triton.jit
+def _state_load(base, kd, KD: tl.constexpr, K: tl.constexpr, s_k, o_v, s_v, m_v, on):
+    p, m = _pool_block(base, kd, KD, K, s_k, o_v, s_v, m_v)
+    return tl.load(p, mask=m & on, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_store(base, S, kd, KD: tl.constexpr, K: tl.constexpr, s_k, o_v, s_v, m_v):
+    p, m = _pool_block(base, kd, KD, K, s_k, o_v, s_v, m_v)
+    tl.store(p, S.to(base.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _state_advance(S, vn, k_ptr, g_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, kd,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KD: tl.constexpr, GATE: tl.constexpr, TF32: tl.constexpr):
+    """Key block ``kd`` of ``S <- e^{G_last} S + (k e^{G_last - G})^T v_new`` over one chunk."""
+    k = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn[:, None]
+    if GATE == 2:
+        Gl = tl.load(g_ptr + last * HV + i_hv)
+        kt = k * tl.exp(Gl - tl.load(g_ptr + tokc * HV + i_hv))[:, None]
+        return S * tl.exp(Gl) + _dot(tl.trans(kt), vn, TF32)
+    else:
+        o_d = kd + tl.arange(0, KD)
+        Gl = tl.load(g_ptr + (last * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+        kt = k * tl.exp(Gl[None, :] - _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD))
+        return S * tl.exp(Gl)[:, None] + _dot(tl.trans(kt), vn, TF32)
+
+
+@triton.jit
+def _state_at(S, vn, k_ptr, g_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, kd,
+              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KD: tl.constexpr, GATE: tl.constexpr, TF32: tl.constexpr):
+    """Key block ``kd`` of the state after the first ``p`` tokens of the chunk (row ``pr``), with the
+    products of the running state (TF32 when ``TF32``), so a checkpoint equals the final state of
+    the same prefix."""
+    kp = _tile(k_ptr, tok, m_t & (rows < p), i_h, H, K, kd, KD) * rn[:, None]
+    if GATE == 2:
+        Gp = tl.load(g_ptr + pr * HV + i_hv)
+        kp = kp * tl.exp(tl.where(rows < p, Gp - tl.load(g_ptr + tokc * HV + i_hv), float("-inf")))[:, None]
+        return S * tl.exp(Gp) + _dot(tl.trans(kp), vn, TF32)
+    else:
+        o_d = kd + tl.arange(0, KD)
+        Gp = tl.load(g_ptr + (pr * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+        G = _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD)
+        kp = kp * tl.exp(tl.where((rows < p)[:, None], Gp[None, :] - G, float("-inf")))
+        return S * tl.exp(Gp)[:, None] + _dot(tl.trans(kp), vn, TF32)
 
 
 @triton.jit
@@ -280,79 +349,103 @@ def chunk_state_kernel(
     BV: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
+    KD: tl.constexpr,  # rows per state key block; BK <= 4 * KD
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     CKPT: tl.constexpr,
     TF32: tl.constexpr,
 ):
+    tl.static_assert(BK <= 4 * KD, "the state is held as at most four key blocks")
     i_v = tl.program_id(0)
     i_sh = tl.program_id(1)
     i_s = i_sh // HV
     i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
-    bos = tl.load(cu_ptr + i_s).to(tl.int64)
-    T = tl.load(cu_ptr + i_s + 1).to(tl.int64) - bos
+    bos32 = tl.load(cu_ptr + i_s)
+    T = tl.load(cu_ptr + i_s + 1) - bos32  # int32 token count
+    bos = bos32.to(tl.int64)
     coff = tl.load(coff_ptr + i_s).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
     slot = tl.load(state_idx_ptr + i_s).to(tl.int64)
-    p_s = state_ptr + slot * s_slot + i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if slot >= 0:
-        if tl.load(has_init_ptr + i_s) != 0:
-            S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
+    p_s = state_ptr + slot * s_slot + i_hv * s_h
+    ld = (slot >= 0) & (tl.load(has_init_ptr + i_s) != 0)
+    S0 = _state_load(p_s, 0, KD, K, s_k, o_v, s_v, m_v, ld)
+    if BK > KD:
+        S1 = _state_load(p_s, KD, KD, K, s_k, o_v, s_v, m_v, ld)
+    if BK > 2 * KD:
+        S2 = _state_load(p_s, 2 * KD, KD, K, s_k, o_v, s_v, m_v, ld)
+    if BK > 3 * KD:
+        S3 = _state_load(p_s, 3 * KD, KD, K, s_k, o_v, s_v, m_v, ld)
     n_chunks = tl.cdiv(T, BT)
     for c in range(0, n_chunks):
-        rows = c * BT + o_t
-        m_t = rows < T
-        tok = bos + rows
-        tokc = bos + tl.minimum(rows, T - 1)
-        p_h = h_ptr + ((coff + c) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-        tl.store(p_h, S.to(h_ptr.dtype.element_ty), mask=m_kv)
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        w = tl.load(w_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        vn = u - _dot(w, S, TF32)
-        tl.store(vn_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_tv)
-        # k and G are loaded where used (checkpoint branch, then the update) so that w, k, G
-        # and a checkpoint's tiles are never live together (no spills on sm_90).
+        # Chunk-local rows (int32) against per-chunk base pointers (64-bit scalars):
+        # no tile of 64-bit offsets is ever live.
+        Tc = T - c * BT  # tokens of this sequence from the chunk start on
+        rows = o_t
+        m_t = rows < Tc
+        tok = o_t
+        tokc = tl.minimum(o_t, Tc - 1)
+        t0 = bos + c * BT
+        kc_ptr = k_ptr + t0 * (H * K)
+        wc_ptr = w_ptr + t0 * (HV * K)
+        if GATE == 2:
+            gc_ptr = g_ptr + t0 * HV
+        else:
+            gc_ptr = g_ptr + t0 * (HV * K)
+        uc_ptr = u_ptr + t0 * (HV * V)
+        vnc_ptr = vn_ptr + t0 * (HV * V)
+        p_h = h_ptr + ((coff + c) * HV + i_hv) * K * V
+        _state_store(p_h, S0, 0, KD, K, V, o_v, 1, m_v)
+        u = tl.load(uc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+        vn = u - _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD), S0, TF32)
+        if BK > KD:
+            _state_store(p_h, S1, KD, KD, K, V, o_v, 1, m_v)
+            vn -= _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD), S1, TF32)
+        if BK > 2 * KD:
+            _state_store(p_h, S2, 2 * KD, KD, K, V, o_v, 1, m_v)
+            vn -= _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD), S2, TF32)
+        if BK > 3 * KD:
+            _state_store(p_h, S3, 3 * KD, KD, K, V, o_v, 1, m_v)
+            vn -= _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD), S3, TF32)
+        tl.store(vnc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        rn = _rnorm(kc_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
         if CKPT:
             for j in range(0, BT // BC):  # a loop, not unrolled: one checkpoint's tiles live at a time
                 sub = c * (BT // BC) + j
                 cslot = tl.load(ckpt_idx_ptr + i_s * n_sub + sub, mask=sub < n_sub, other=-1).to(tl.int64)
                 if cslot >= 0:
-                    p = tl.minimum(c * BT + (j + 1) * BC, T)  # state after p tokens
-                    pr = bos + p - 1
-                    kp = _load_qk(k_ptr, tok, m_t & (rows < p), i_h, o_k, m_k, H, K, L2NORM)
-                    if GATE == 2:
-                        Gp = tl.load(g_ptr + pr * HV + i_hv)
-                        G = tl.load(g_ptr + tokc * HV + i_hv)
-                        kp = kp * tl.exp(tl.where(rows < p, Gp - G, float("-inf")))[:, None]
-                        Sp = S * tl.exp(Gp) + tl.dot(tl.trans(kp), vn, input_precision="ieee")
-                    else:
-                        Gp = tl.load(g_ptr + (pr * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
-                        G = tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-                        kp = kp * tl.exp(tl.where((rows < p)[:, None], Gp[None, :] - G, float("-inf")))
-                        Sp = S * tl.exp(Gp)[:, None] + tl.dot(tl.trans(kp), vn, input_precision="ieee")
-                    p_c = ckpt_ptr + cslot * c_slot + i_hv * c_h + o_k[:, None] * c_k + o_v[None, :] * c_v
-                    tl.store(p_c, Sp.to(ckpt_ptr.dtype.element_ty), mask=m_kv)
-        last = bos + tl.minimum(c * BT + BT - 1, T - 1)
-        k = _load_qk(k_ptr, tok, m_t, i_h, o_k, m_k, H, K, L2NORM)
-        if GATE == 2:
-            Gl = tl.load(g_ptr + last * HV + i_hv)
-            kt = k * tl.exp(Gl - tl.load(g_ptr + tokc * HV + i_hv))[:, None]
-            S = S * tl.exp(Gl) + _dot(tl.trans(kt), vn, TF32)
-        else:
-            Gl = tl.load(g_ptr + (last * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
-            kt = k * tl.exp(Gl[None, :] - tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_k[None, :], other=0.0))
-            S = S * tl.exp(Gl)[:, None] + _dot(tl.trans(kt), vn, TF32)
+                    p = tl.minimum((j + 1) * BC, Tc)  # state after p tokens of the chunk
+                    pr = p - 1
+                    p_c = ckpt_ptr + cslot * c_slot + i_hv * c_h
+                    Sp = _state_at(S0, vn, kc_ptr, gc_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, 0, H, HV, K, KD, GATE, TF32)
+                    _state_store(p_c, Sp, 0, KD, K, c_k, o_v, c_v, m_v)
+                    if BK > KD:
+                        Sp = _state_at(S1, vn, kc_ptr, gc_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, KD, H, HV, K, KD, GATE, TF32)
+                        _state_store(p_c, Sp, KD, KD, K, c_k, o_v, c_v, m_v)
+                    if BK > 2 * KD:
+                        Sp = _state_at(S2, vn, kc_ptr, gc_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, 2 * KD, H, HV, K, KD, GATE, TF32)
+                        _state_store(p_c, Sp, 2 * KD, KD, K, c_k, o_v, c_v, m_v)
+                    if BK > 3 * KD:
+                        Sp = _state_at(S3, vn, kc_ptr, gc_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, 3 * KD, H, HV, K, KD, GATE, TF32)
+                        _state_store(p_c, Sp, 3 * KD, KD, K, c_k, o_v, c_v, m_v)
+        last = tl.minimum(BT - 1, Tc - 1)
+        S0 = _state_advance(S0, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, 0, H, HV, K, KD, GATE, TF32)
+        if BK > KD:
+            S1 = _state_advance(S1, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, KD, H, HV, K, KD, GATE, TF32)
+        if BK > 2 * KD:
+            S2 = _state_advance(S2, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, 2 * KD, H, HV, K, KD, GATE, TF32)
+        if BK > 3 * KD:
+            S3 = _state_advance(S3, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, 3 * KD, H, HV, K, KD, GATE, TF32)
     if slot >= 0:
-        tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
+        _state_store(p_s, S0, 0, KD, K, s_k, o_v, s_v, m_v)
+        if BK > KD:
+            _state_store(p_s, S1, KD, KD, K, s_k, o_v, s_v, m_v)
+        if BK > 2 * KD:
+            _state_store(p_s, S2, 2 * KD, KD, K, s_k, o_v, s_v, m_v)
+        if BK > 3 * KD:
+            _state_store(p_s, S3, 3 * KD, KD, K, s_k, o_v, s_v, m_v)
 
 
 @triton.jit
