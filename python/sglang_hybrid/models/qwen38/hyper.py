@@ -85,8 +85,10 @@ class GatedStreams(nn.Module):
         if streams.shape[-1] != self.hc * self.D:
             raise ValueError(f"streams must have {self.hc * self.D} channels, got {streams.shape[-1]}")
         xn = grouped_rms_norm(streams, self.hc_norm, self.D, self.eps)
-        gates = F.silu((xn @ self.input_mix_weight_down.t()) / self.hc)
-        gates = torch.sigmoid(gates @ self.input_mix_weight_up.t())
+        fp8 = getattr(self, "fp8_lowrank", None)  # --qwen38-fp8-residual-proj (models/qwen38/precision.py)
+        down = (xn @ self.input_mix_weight_down.t()) if fp8 is None else fp8(xn, self.input_mix_weight_down)
+        gates = F.silu(down / self.hc)
+        gates = torch.sigmoid((gates @ self.input_mix_weight_up.t()) if fp8 is None else fp8(gates, self.input_mix_weight_up))
         x = (gates * xn).unflatten(-1, (self.hc, self.D)).mean(dim=-2)
         return x, xn
 
