@@ -9,7 +9,8 @@ top-level module ``sgl_kernel``).
 
 What it provides (see docs/install.md for the table):
   * plain-torch implementations of the ops the CPU engine calls on our path
-    (request-to-token table writes, KV row copies, conv1d for hybrid models);
+    (request-to-token table writes, KV row copies, conv1d for hybrid models,
+    the EAGLE/MTP speculative ops in ``speculative.py``);
   * the ``torch.ops.sgl_kernel.*_cpu`` names that upstream looks up at import
     time; those we do not implement raise ``NotImplementedError`` naming the op
     when *called*, so a lookup never breaks start-up and a call never fails
@@ -26,6 +27,7 @@ import ctypes
 import torch
 
 from sgl_kernel import _ops  # noqa: F401  (registers torch.ops.sgl_kernel.*)
+from sgl_kernel import distributed  # noqa: F401  (shm_allreduce / shm_allgather over torch.distributed, issue 8)
 
 __version__ = "0.0.0+sglang-hybrid-cpu-shim"
 
@@ -79,7 +81,7 @@ def _not_provided(name: str):
     def _raise(*args, **kwargs):
         raise NotImplementedError(
             f"sgl_kernel.{name} is not provided by the sglang-hybrid CPU shim "
-            "(speculative decoding on CPU arrives with the Qwen3.8 MTP work). "
+            "(multi-layer EAGLE is not supported on CPU). "
             "Install the real sglang-kernel on a GPU machine."
         )
 
@@ -87,15 +89,19 @@ def _not_provided(name: str):
     return _raise
 
 
-# Imported at module level by upstream's speculative / allocator code on CPU;
-# not called on the non-speculative path.
+# Speculative decoding (EAGLE / MTP worker on CPU): plain-torch versions (issue 6).
+from sgl_kernel.speculative import (  # noqa: E402
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    build_tree_kernel_efficient_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    verify_tree_greedy_cpu,
+)
+
+# Imported at module level by upstream's multi-layer EAGLE code on CPU; not
+# called by the single-layer EAGLE/MTP worker.
 for _name in (
-    "build_tree_kernel_efficient_cpu",
-    "verify_tree_greedy_cpu",
-    "assign_draft_cache_locs_contiguous_cpu",
-    "assign_extend_cache_locs_cpu",
-    "fill_accept_out_cache_loc_cpu",
-    "fill_bonus_tokens_cpu",
     "rotate_input_ids_cpu",
     "build_draft_decode_metadata_cpu",
 ):

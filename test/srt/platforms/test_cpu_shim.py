@@ -47,8 +47,8 @@ class TestCpuShim(unittest.TestCase):
             torch.ops.sgl_kernel.fused_gdn_gating_cpu([torch.zeros(1)])
         with self.assertRaisesRegex(NotImplementedError, "causal_conv1d_fn_cpu"):
             causal_conv1d_fn_cpu(torch.zeros(1))
-        with self.assertRaisesRegex(NotImplementedError, "verify_tree_greedy_cpu"):
-            sgl_kernel.verify_tree_greedy_cpu()
+        with self.assertRaisesRegex(NotImplementedError, "rotate_input_ids_cpu"):
+            sgl_kernel.rotate_input_ids_cpu()  # multi-layer EAGLE; the speculative ops are in test_cpu_shim_speculative.py
 
     def test_amx_probes_stay_false(self):
         # Upstream switches to Intel-AMX kernels when these exist; the shim must not provide them.

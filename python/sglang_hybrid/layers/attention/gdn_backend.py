@@ -81,7 +81,7 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
         if not self._torch_path:
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if forward_batch.forward_mode.is_target_verify():
-            raise NotImplementedError("speculative verify on CPU is not supported yet (GDN backend)")
+            return self._forward_verify(layer, forward_batch, mixed_qkv, a, b)
         md = self.forward_metadata
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         conv_pool = cache.conv[0]  # [slots, C, K-1]
@@ -128,6 +128,49 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
             out[0, sl] = o
         if md.has_mamba_track_mask:
             self._track_mamba_state_extend(forward_batch, None, ssm_pool, md, h_track_buf=h_track)
+        return out
+
+    # ------------------------------------------------------------------ verify
+    def _forward_verify(self, layer, forward_batch, mixed_qkv, a, b):
+        """Speculative verify (``TARGET_VERIFY``, issue 6): ``w`` draft rows per request.
+
+        Per-position states, never the slot: the conv window and recurrent state
+        after each row ``j`` go to scratch row ``i`` (the request's batch index) of
+        the pool's ``intermediate_conv_window`` ``[rows, w, C, K-1]`` and
+        ``intermediate_ssm`` ``[rows, w, H_v, d_v, d_k]``; the slot keeps the
+        state before the drafts. After acceptance upstream's
+        ``update_mamba_state_after_mtp_verify`` copies the last accepted step into
+        the slot (and into a track slot when the accepted prefix crosses the
+        checkpoint grid), so a rejected draft never reaches a stored state.
+        """
+        md = self.forward_metadata
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        conv_pool, ssm_pool = cache.conv[0], cache.temporal
+        conv_steps, ssm_steps = cache.intermediate_conv_window[0], cache.intermediate_ssm
+        if ssm_steps is None:
+            raise NotImplementedError("GDN verify on CPU needs the per-step scratch (no --enable-linear-replayssm-spec)")
+        weight = layer.conv_weights.reshape(conv_pool.shape[1], -1)
+        slots = md.mamba_cache_indices.tolist()
+        B = len(slots)
+        w = mixed_qkv.shape[0] // B
+        km1 = conv_pool.shape[-1]
+        g, beta = self._gates(layer, a[: B * w], b[: B * w])
+        out = mixed_qkv.new_zeros(1, B * w, layer.num_v_heads, layer.head_v_dim)
+        for i, slot in enumerate(slots):
+            if slot < 0:
+                continue
+            sl = slice(i * w, (i + 1) * w)
+            state = conv_pool[slot].t()  # [K-1, C]
+            x, _ = causal_conv1d(mixed_qkv[sl], weight, state, activation="silu")
+            raw = torch.cat([state.to(mixed_qkv.dtype), mixed_qkv[sl]])  # [K-1+w, C]
+            for j in range(w):
+                conv_steps[i, j] = raw[j + 1 : j + 1 + km1].t().to(conv_steps.dtype)
+            q, k, v = self._qkv(layer, x)
+            o, _, saved = gated_delta_recurrent(q, k, v, g[sl], beta[sl], initial_state=ssm_pool[slot].transpose(-1, -2),
+                                                save_positions=list(range(1, w + 1)))
+            for j, S in enumerate(saved):
+                ssm_steps[i, j] = S.transpose(-1, -2).to(ssm_steps.dtype)
+            out[0, sl] = o
         return out
 
     # ------------------------------------------------------------------ decode

@@ -40,6 +40,7 @@ from sglang_hybrid.models.qwen38.gdn import Qwen38GatedDeltaNet
 from sglang_hybrid.models.qwen38.hyper import GatedStreams, widen
 from sglang_hybrid.models.qwen38.moe import Qwen38MoE
 from sglang_hybrid.models.qwen38.ple import PLELayer
+from sglang_hybrid.models.qwen38.precision import apply_precision_paths
 from sglang_hybrid.models.qwen38.qsa import Qwen38QSA
 
 logger = logging.getLogger(__name__)
@@ -100,9 +101,15 @@ class _PLEBatch:
     def __init__(self, model: "Qwen38TextModel", input_ids: torch.Tensor, forward_batch, pool):
         self.pool = pool
         self.decode = forward_batch.forward_mode.is_decode()
+        # Speculative verify: rows continue from the slot; per-step states go to the
+        # pool's intermediate caches and upstream commits the accepted step's.
+        self.verify = forward_batch.forward_mode.is_target_verify()
         B = forward_batch.req_pool_indices.shape[0]
-        self.lens = [1] * B if self.decode else list(forward_batch.extend_seq_lens_cpu)
-        self.fresh = [False] * B if self.decode else [p == 0 for p in forward_batch.extend_prefix_lens_cpu]
+        if self.verify:
+            self.lens = [input_ids.shape[0] // B] * B if B else []
+        else:
+            self.lens = [1] * B if self.decode else list(forward_batch.extend_seq_lens_cpu)
+        self.fresh = [False] * B if (self.decode or self.verify) else [p == 0 for p in forward_batch.extend_prefix_lens_cpu]
         self.slots = pool.translate_mamba_indices(pool.get_mamba_indices(forward_batch.req_pool_indices)).long().tolist()
         n, eos = model.ngram_size, model.eos
         history = pool.get_ngram_context(torch.tensor(self.slots, dtype=torch.long))
@@ -118,7 +125,7 @@ class _PLEBatch:
         # Track snapshots (extra_buffer): destination slot and tokens covered, per tracked request.
         self.track: Dict[int, Tuple[int, int]] = {}
         mask = forward_batch.mamba_track_mask
-        if mask is not None and forward_batch.mamba_track_indices is not None:
+        if mask is not None and forward_batch.mamba_track_indices is not None and not self.verify:
             aligned = None if self.decode else forward_batch.mamba_track_aligned_lens()
             if self.decode or aligned is not None:
                 for i in mask.nonzero(as_tuple=True)[0].tolist():
@@ -136,6 +143,12 @@ class _PLEBatch:
             start += length
             state = None if self.fresh[i] else conv[self.slots[i]].t()
             out[sl], xx = ple.forward_sequence(streams[sl], self.windows[sl], state)
+            if self.verify:
+                # Window after step j (j + 1 tokens) into scratch row i; the slot is untouched.
+                steps = self.pool.short_conv_layer_intermediate_cache(layer.layer_id)  # [rows, steps, C, S]
+                for j in range(length):
+                    steps[i, j] = xx[j + 1 : j + 1 + ple.state_len].t().to(steps.dtype)
+                continue
             conv[self.slots[i]] = xx[length:].t().to(conv.dtype)
             if i in self.track:
                 dst, off = self.track[i]
@@ -143,7 +156,13 @@ class _PLEBatch:
         return streams + out
 
     def commit(self, context_len: int) -> None:
-        """Store each request's last ``ngram_size - 1`` tokens (and the tracked snapshots)."""
+        """Store each request's last ``ngram_size - 1`` tokens (and the tracked snapshots);
+        in verify, the context after every step into the intermediate rows instead."""
+        if self.verify:
+            if self.contexts:
+                steps = torch.stack([ctx.unfold(0, context_len, 1)[1:] for ctx in self.contexts])  # [B, steps, n-1]
+                self.pool.set_ngram_intermediate_context(steps)
+            return
         for i, ctx in enumerate(self.contexts):
             self.pool.set_ngram_context(torch.tensor([self.slots[i]]), ctx[-context_len:].unsqueeze(0))
             if i in self.track:
@@ -233,6 +252,7 @@ class Qwen38ReferenceForConditionalGeneration(nn.Module):
         if getattr(text, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.logits_processor = LogitsProcessor(text)
+        self.precision = apply_precision_paths(self, logger)  # FP8 projections / vocab screening flags (issue 6)
         self.start_layer, self.end_layer = 0, text.num_hidden_layers
 
     def get_input_embeddings(self) -> nn.Module:
@@ -243,8 +263,13 @@ class Qwen38ReferenceForConditionalGeneration(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
-        hidden, _ = self.model(input_ids, positions, forward_batch, input_embeds)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        hidden, streams = self.model(input_ids, positions, forward_batch, input_embeds)
+        out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        capture = forward_batch.capture_hidden_mode
+        if capture is not None and capture.need_capture():
+            # The MTP draft reads the residual streams [N, hc * D], as upstream's Qwen4-Exp hands them over.
+            out.hidden_states = streams
+        return out
 
     def checkpoint_mapping(self) -> Dict[str, ShardSpec]:
         m = self.model.checkpoint_mapping()

@@ -11,8 +11,8 @@ The draft for position ``t + 2`` reads the target's residual streams at ``t``
 Article 002 drafts up to 4 tokens by applying the head repeatedly (each step
 feeds its own streams and its drafted token back). This module computes the
 head over a whole sequence without a cache (:meth:`Qwen38ReferenceMTP.draft_logits`);
-serving it as upstream's speculative draft worker is not wired on CPU yet
-(docs/qwen38-reference.md lists what is missing).
+upstream's speculative worker serves it on CPU through
+:class:`sglang_hybrid.models.qwen38.mtp_draft.Qwen38ReferenceMTPForCausalLM`.
 """
 
 from __future__ import annotations

@@ -107,6 +107,30 @@ def qsa_selection_mask(
     return mask
 
 
+def batch_layout(forward_batch, num_tokens: int, positions: torch.Tensor):
+    """Per request of a packed batch: ``(new token counts, visible lengths)`` (lists of ints).
+
+    decode: one token; extend: ``extend_seq_lens_cpu``; speculative verify and
+    draft extend (``TARGET_VERIFY``, ``DRAFT_EXTEND_V2``): the same number of rows
+    per request (``num_tokens / batch``). A request's tokens see the cache up to
+    their last position: visible length = last position + 1 (upstream fills
+    ``req_to_token`` for those positions before the forward).
+    """
+    mode = forward_batch.forward_mode
+    B = int(forward_batch.req_pool_indices.shape[0])
+    if mode.is_decode():
+        new_lens = [1] * B
+    elif mode.is_target_verify() or mode.is_draft_extend_v2():
+        if B == 0 or num_tokens % B:
+            raise ValueError(f"{mode}: {num_tokens} rows do not split evenly over {B} requests")
+        new_lens = [num_tokens // B] * B
+    else:
+        new_lens = list(forward_batch.extend_seq_lens_cpu)
+    ends = torch.tensor(new_lens, dtype=torch.long).cumsum(0) - 1
+    seq_lens = (positions[ends].long() + 1).tolist() if B else []
+    return new_lens, seq_lens
+
+
 class Qwen38QSA(nn.Module):
     """One QSA layer (TP = 1); see the module docstring."""
 
@@ -223,12 +247,7 @@ class Qwen38QSA(nn.Module):
         k_buf[loc] = k.to(k_buf.dtype)
         v_buf[loc] = v.to(v_buf.dtype)
         ik_buf[loc] = ik.float()
-        if forward_batch.forward_mode.is_decode():
-            new_lens = [1] * N
-            seq_lens = list(forward_batch.seq_lens_cpu.tolist())
-        else:
-            new_lens = list(forward_batch.extend_seq_lens_cpu)
-            seq_lens = [p + n for p, n in zip(forward_batch.extend_prefix_lens_cpu, new_lens)]
+        new_lens, seq_lens = batch_layout(forward_batch, N, positions)
         o = q.new_zeros(N, self.H, self.hd)
         start = 0
         for row, n, total in zip(forward_batch.req_pool_indices.tolist(), new_lens, seq_lens):
