@@ -47,8 +47,10 @@ def test_every_family_is_registered_and_plans_torch_on_cpu():
 
 
 ROCM_ROWS = {  # docs/rocm.md, "On an MI355X the dispatch code gives" (aiter absent)
-    "mla_decode": "rocm: mla_split_kv_kernel rows=16 block_n=16 score_chunk=64 value_cols=128",
-    "mla_extend": "rocm: mla_split_kv_kernel rows=64 block_n=16 score_chunk=64 value_cols=128",
+    "mla_decode": "rocm: mla_split_kv_kernel rows=16 block_n=16 score_chunk=64 value_cols=128"
+                  " (spill-free rocm tile, not tuned per CU count; KV splits sized for the device's CU count)",
+    "mla_extend": "rocm: mla_split_kv_kernel rows=64 block_n=16 score_chunk=64 value_cols=128"
+                  " (spill-free rocm tile, not tuned per CU count; KV splits sized for the device's CU count)",
     "dcp_merge": "rocm: merge_partials_kernel",
     "moe_routing": "rocm: moe_gating_topk_kernel + moe_sorted_layout_kernel (2 launches)",
     "attn_res_rmsnorm": "rocm: attn_res_rmsnorm_kernel (one launch per read)",

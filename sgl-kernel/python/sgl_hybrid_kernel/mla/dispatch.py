@@ -22,6 +22,7 @@ import torch
 
 from sgl_hybrid_kernel.delta_rule.dispatch import device_kind
 from sgl_hybrid_kernel.dispatch import record_choice
+from sgl_hybrid_kernel.platform import device_platform
 from sgl_hybrid_kernel.mla.aiter_adapter import AITER_DECODE_HEAD_COUNTS, mla_decode_aiter, padded_head_count
 from sgl_hybrid_kernel.mla.attention import choose_tile, default_tile, mla_attention_paged_triton
 from sgl_hybrid_kernel.mla.reference import mla_attention_paged_reference
@@ -73,8 +74,11 @@ def _choose(op: str, q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int,
         return "torch"
     hb, rows = choose_tile(H, tokens)
     tile = default_tile(kind, rows, kv_cache.dtype in FP8_DTYPES)
+    dev = device_platform(q.device)
+    cus = f"{dev.arch} x {dev.num_compute_units} CUs" if dev.num_compute_units else "the device's CU count"
     record_choice(op, "triton", f"{kind}: mla_split_kv_kernel rows={rows} block_n={tile['block_n']} "
-                  f"score_chunk={tile['score_chunk']} value_cols={tile['value_cols']}", log=logger)
+                  f"score_chunk={tile['score_chunk']} value_cols={tile['value_cols']} (spill-free {kind} tile, "
+                  f"not tuned per CU count; KV splits sized for {cus})", log=logger)
     return "triton"
 
 
