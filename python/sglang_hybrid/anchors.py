@@ -101,6 +101,47 @@ ANCHORS: List[Anchor] = [
         "SglHybridMLADecode is called with upstream's signature; the DCP path reduces attn_lse over splits",
         snippet="local_lse = torch.logsumexp(",
     ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
+        "sgl_hybrid_mla replaces the instance attribute extend_attention_fwd with SglHybridMLAExtend",
+        snippet="self.extend_attention_fwd = torch.compiler.disable(extend_attention_fwd)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend._forward_extend_kernel",
+        "forward_extend reaches the (replaced) extend_attention_fwd through this method",
+        snippet="return self.extend_attention_fwd(*args, **kwargs)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend",
+        "the new rows are written at out_cache_loc before the extend kernel runs (SglHybridMLAExtend reads them there)",
+        snippet="# Save KV cache first (must do this before unified kernel)",
+    ),
+    Anchor(
+        "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd",
+        "SglHybridMLAExtend keeps upstream's extend_attention_fwd signature",
+        snippet="extend_seq_lens_cpu=None,\n    identity_kv_indices: bool = False,",
+    ),
+    # --attention-backend sgl_hybrid_qsa (issue 5): layers/attention/qsa_backend.py.
+    Anchor(
+        "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",
+        "upstream builds QwenSparseAttnBackend for Qwen3.8's QSA layers inside this function (our hooks act there)",
+        snippet="full_attn_backend = QwenSparseAttnBackend(runner)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend._forward_paged_attention",
+        "AROUND hook: decode / chain-verify rows run sgl_hybrid_kernel.qsa with upstream's per-row metadata",
+        snippet="def _forward_paged_attention(\n        self,\n        q: torch.Tensor,\n        layer,\n        forward_batch,\n        topk_indices: torch.Tensor,",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend._try_fused_kv_attention",
+        "AROUND hook: returns None for our rows so upstream writes K/V and calls _forward_paged_attention",
+        snippet="def _try_fused_kv_attention(self, q, k, v, layer, forward_batch, indices):",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend._metadata_from_forward_batch",
+        "per-row metadata for speculative rows: one token_slot_table row and length (position + 1) per query row",
+        snippet="sequence_lengths = (logical_positions + 1).to(torch.int32)",
+    ),
     # MoE routing and AttnRes + RMSNorm hooks (issue 5): layers/moe/routing_hook.py, layers/attn_res_hook.py.
     Anchor(
         "sglang.srt.layers.moe.topk.select_experts",
@@ -160,6 +201,26 @@ ANCHORS: List[Anchor] = [
         "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode",
         "CPU: this pins the track mask unconditionally; we make pin_memory a no-op without a GPU",
         snippet="track_mask_cpu.pin_memory()",
+    ),
+    # Speculative decoding on CPU (issue 6): platforms/cpu_spec.py, models/qwen38/mtp_draft.py.
+    Anchor(
+        "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify",
+        "CPU: AROUND hook committing the accepted verify step in torch (upstream's scatter is CUDA/XPU only)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend._scatter_speculative_state_with_mask",
+        "CPU: the torch masked scatter our commit-after-verify hook reuses",
+        snippet="dst[:, dst_indices[valid_indices]] = src[",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend._require_chain_speculation",
+        "CPU: REPLACE keeping the topk = 1 check but not the compress-ratio width limit (our reference QSA has no key ring)",
+        snippet="draft_tokens > self.compress_ratio",
+    ),
+    Anchor(
+        "sglang.srt.configs.model_config.ModelConfig",
+        "the draft of Qwen4ExpForConditionalGeneration is named Qwen4ExpForCausalLMMTP (our CPU draft registers under it)",
+        snippet='self.hf_config.architectures[0] = "Qwen4ExpForCausalLMMTP"',
     ),
     # Boot gates (sglang_hybrid.boot.hooks, issue 9)
     Anchor(
@@ -260,6 +321,16 @@ ANCHORS: List[Anchor] = [
         "sglang.srt.managers.schedule_batch.FINISH_ABORT",
         "the NaN guard's abort carries status_code / err_type to the tokenizer manager (HTTP 500)",
         snippet="def __init__(self, message=None, status_code=None, err_type=None):",
+    ),
+    Anchor(  # idle pool audit (sglang_hybrid.reliability.idle_audit, issue 11; on with SGLANG_HYBRID_IDLE_AUDIT=1)
+        "sglang.srt.managers.scheduler.Scheduler.on_idle",
+        "AFTER hook: free + evictable + locked == capacity and no lock held, KV and state pools, once per idle period",
+        snippet="self.invariant_checker._check_all_pools(",
+    ),
+    Anchor(  # CPU --tp > 1 (sglang_hybrid.parallel.cpu_tp, issue 8)
+        "sglang.srt.distributed.parallel_state.init_model_parallel_group",
+        "AROUND hook on CPU: groups are built without PyNccl / custom all-reduce (CUDA-only; a CUDA torch build loads libnccl)",
+        snippet="use_pynccl = not (_is_npu or _is_xpu or backend == \"mooncake\")",
     ),
 ]
 

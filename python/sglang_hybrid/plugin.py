@@ -12,13 +12,18 @@ again in every scheduler / detokenizer process. It
    KDA backend, for upstream's own model classes on GPU);
 5. rejects out-of-vocabulary ``input_ids`` with HTTP 400 (upstream crashes);
 6. on CPU: registers the plain-torch reference models under upstream's
-   architecture names and installs the CPU hooks of ``platforms/cpu.py``;
+   architecture names (the Qwen3.8 MTP draft too) and installs the CPU hooks of
+   ``platforms/cpu.py``, ``platforms/cpu_spec.py`` (speculative decoding) and
+   ``parallel/cpu_tp.py`` (``--tp > 1`` on gloo groups);
 8. registers the hybrid radix cache (``--radix-cache-backend hybrid``, default
    for our models) and ``--hybrid-host-cache-gb`` (``mem_cache/serving.py``);
 7. adds ``--skip-boot-gates`` and hooks the start-up op table + boot gates
    (``boot/hooks.py``: they run in each scheduler before the weights load);
 9. installs the NaN guard before sampling (``reliability/nan_guard.py``): a request
-   whose logits are not finite fails alone with HTTP 500.
+   whose logits are not finite fails alone with HTTP 500; with
+   ``SGLANG_HYBRID_IDLE_AUDIT=1`` also the idle pool audit (``reliability/idle_audit.py``);
+10. adds the Qwen3.8 precision-path flags ``--qwen38-fp8-residual-proj`` and
+   ``--vocab-screening-topk`` / ``--vocab-screening-format`` (``models/qwen38/precision.py``).
 """
 
 from __future__ import annotations
@@ -103,6 +108,9 @@ def register() -> None:
     from sglang_hybrid.layers.attention import mla_backend
 
     mla_backend.install()  # --attention-backend sgl_hybrid_mla (Kimi K3 MLA decode), docs/kernels.md#wiring
+    from sglang_hybrid.layers.attention import qsa_backend
+
+    qsa_backend.install()  # --attention-backend sgl_hybrid_qsa (Qwen3.8 QSA decode / chain verify), docs/kernels.md#wiring
     from sglang_hybrid.layers import attn_res_hook
     from sglang_hybrid.layers.moe import routing_hook
 
@@ -115,9 +123,15 @@ def register() -> None:
     from sglang_hybrid.speculative import controller_hooks
 
     controller_hooks.install()  # --speculative-depth-controller (docs/speculative.md)
+    from sglang_hybrid.models.qwen38 import precision as qwen38_precision
+
+    qwen38_precision.install()  # --qwen38-fp8-residual-proj, --vocab-screening-topk (docs/qwen38-reference.md)
     from sglang_hybrid.reliability import nan_guard
 
     nan_guard.install()  # NaN/inf logits fail only their request (docs/reliability.md)
+    from sglang_hybrid.reliability import idle_audit
+
+    idle_audit.install()  # SGLANG_HYBRID_IDLE_AUDIT=1: pool + lock audit at idle (docs/reliability.md)
 
     if platform.is_cpu:
         from sglang.srt.models.registry import ModelRegistry
@@ -130,7 +144,15 @@ def register() -> None:
 
         ModelRegistry.models[QWEN38] = Qwen38ReferenceForConditionalGeneration
         logger.info("sglang-hybrid: %s served by the plain-torch reference model (CPU)", QWEN38)
+        from sglang_hybrid.models.qwen38.mtp_draft import DRAFT_ARCHITECTURE, Qwen38ReferenceMTPForCausalLM
+        from sglang_hybrid.platforms import cpu_spec
+
+        ModelRegistry.models[DRAFT_ARCHITECTURE] = Qwen38ReferenceMTPForCausalLM  # MTP draft (issue 6)
+        cpu_spec.install()  # commit after verify in torch, QSA verify width (docs/qwen38-reference.md#speculative-decoding-mtp-issue-6)
         cpu.default_conv_state_fp32()
         cpu.allow_extra_buffer()
         cpu.pin_memory_noop_without_gpu()
+        from sglang_hybrid.parallel import cpu_tp
+
+        cpu_tp.install()  # --tp > 1 on CPU: gloo groups without PyNccl (docs/parallelism.md)
         logger.info("sglang-hybrid: %s served by the plain-torch reference model (CPU)", KIMI_K3)

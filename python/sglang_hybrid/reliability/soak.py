@@ -341,12 +341,18 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         vocab = json.load(f)["vocab_size"]
     server_args = cpu_server_args(max_total_tokens=4096, max_mamba_cache_size=64) + [
         "--context-length", str(args.context_length), "--page-size", "16", "--chunked-prefill-size", "128"]
-    env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+    from sglang_hybrid.reliability.idle_audit import AUDIT_ENV, parse_audit_lines
+
+    env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", AUDIT_ENV: "1"}
     with LaunchedServer(args.model_path, server_args, env=env) as s:
         summary = run_soak(s.base_url, s.process.pid, vocab, args.duration, args.concurrency, args.seed,
                            max_input=args.context_length - 60, reference_sample=args.reference_sample)
         with open(s.log_path, errors="replace") as f:
-            summary["leak_reports_in_log"] = f.read().count("memory leak detected")
+            log = f.read()
+        summary["leak_reports_in_log"] = log.count("memory leak detected")
+        audits = parse_audit_lines(log)  # free + evictable + locked == capacity, nothing locked (idle_audit.py)
+        summary["idle_audits"] = len(audits)
+        summary["idle_audit_violations"] = sum(not a["ok"] for a in audits)
         summary["server_alive"] = s.process.poll() is None
     doc = {"kind": "soak", "manifest": {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
                                         "cpus": os.cpu_count(), "command": "python benchmark/soak/soak.py " + " ".join(argv or [])},

@@ -14,6 +14,12 @@ Every bad request must get a clean 4xx with a message (or a valid answer), and
 each test ends by checking that a normal request is still served with the
 output it had before (``assert_still_serving``). The soak runs last (``test_zz``)
 and reads the server log for leak reports. Upstream gaps: docs/reliability.md.
+
+Two more classes at the end start servers of their own (timeouts and the queue limit
+would disturb the tests above): upstream's running-timeout kit plus queue-limit aborts,
+and upstream's waiting-timeout kit plus the sequential tests of its streaming-session kit.
+All three servers run our idle audit (``SGLANG_HYBRID_IDLE_AUDIT=1``): free + evictable +
+locked == capacity for the KV and state pools, nothing locked, at every idle period.
 """
 
 from __future__ import annotations
@@ -22,14 +28,19 @@ import concurrent.futures
 import json
 import os
 import random
+import time
 import unittest
+import unittest.mock
 
 import requests
 
-from sglang.test.kits.abort_timeout_kit import AbortAllMixin
+from sglang.test.kits import abort_timeout_kit
+from sglang.test.kits.abort_timeout_kit import AbortAllMixin, RunningTimeoutTwoWaveMixin, WaitingTimeoutMixin
 from sglang.test.kits.basic_scheduler_stress_kit import BasicSchedulerStressMixin
+from sglang.test.kits.streaming_session_kit import StreamingSessionKitMixin
 from sglang.test.test_utils import CustomTestCase
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
+from sglang_hybrid.reliability.idle_audit import AUDIT_ENV, parse_audit_lines
 from sglang_hybrid.reliability.soak import run_soak
 from tiny_model import tiny_kimi_k3
 
@@ -39,6 +50,7 @@ VOCAB = 965
 TRIGGER, NAN_LAYER = 964, 2  # " factories"; layer 2 is a KDA layer (0-based)
 ENV = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+    AUDIT_ENV: "1",
     "SGLANG_HYBRID_TEST_INJECT_NAN": f"{NAN_LAYER}:{TRIGGER}",
 }
 ARGS = cpu_server_args(max_total_tokens=4096, max_mamba_cache_size=64) + [
@@ -358,6 +370,10 @@ class TestReliabilityServer(CustomTestCase, AbortAllMixin, BasicSchedulerStressM
         with open(self.server.log_path, errors="replace") as f:
             log = f.read()
         self.assertNotIn("memory leak detected", log)
+        audits = parse_audit_lines(log)  # one per idle period of this server's whole life (idle_audit.py)
+        print("idle audits:", len(audits), "all ok:", all(a["ok"] for a in audits))
+        self.assertGreaterEqual(len(audits), 2)
+        self.assertEqual([a for a in audits if not a["ok"]], [])
         self.assertTrue(s["healthy_after_idle"])
         self.assertIsNone(self.process.poll())
         self.assertEqual(s["problems"], 0, s["problem_examples"])
@@ -369,6 +385,240 @@ class TestReliabilityServer(CustomTestCase, AbortAllMixin, BasicSchedulerStressM
         self.assertEqual(s["reference"]["checked"], min(8, s["good_ok"]))
         self.assertLess(s["rss_end_bytes"], 1.2 * s["rss_start_bytes"])
         self.assert_still_serving()
+
+
+# ====================================================================== limits servers
+# Timeouts and the queue limit need servers of their own (they would time out or refuse
+# the requests of the class above), and upstream's two timeout kits need two different
+# ones: the waiting-timeout kit wants one running request that finishes (no running
+# timeout, --max-running-requests 1), the running-timeout kit wants requests that run
+# into the timeout. The idle audit (sglang_hybrid.reliability.idle_audit) logs the pool
+# figures each time the scheduler goes idle: free + evictable + locked == capacity, nothing
+# locked; every line must say ok and the last one after a drain is checked in detail.
+QUEUE_FULL, WAIT_TIMEOUT, RUN_TIMEOUT = "The request queue is full.", "Request waiting timeout reached.", "Request running timeout reached."
+LIMITS_C = 1024
+STRICT_AUDIT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", AUDIT_ENV: "1"}
+
+
+def limits_args(max_running, max_queued=None):
+    return cpu_server_args(max_total_tokens=16384, max_mamba_cache_size=64) + [
+        "--context-length", str(LIMITS_C), "--page-size", "16", "--chunked-prefill-size", "128",
+        "--max-running-requests", str(max_running)] + (["--max-queued-requests", str(max_queued)] if max_queued else [])
+
+
+class _LimitsServer(CustomTestCase):
+    server_args: list = []
+    server_env: dict = {}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = tiny_kimi_k3()
+        # upstream's warm-up request would itself be aborted by a short running timeout on a busy machine
+        cls.server = LaunchedServer(cls.model, cls.server_args + ["--skip-server-warmup"],
+                                    env={**STRICT_AUDIT, **cls.server_env}).start()
+        cls.base_url, cls.process = cls.server.base_url, cls.server.process
+        for _ in range(3):  # our warm-up: the first forward passes are slow
+            r = requests.post(cls.base_url + "/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}},
+                              timeout=300)
+            if r.status_code == 200:
+                break
+        cls.figures = {"sent": 0, "ok": 0, "queue_full": 0, "waiting_timeout": 0, "running_timeout": 0,
+                       "retries_equal_cold": 0, "idle_audits_ok": 0}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        print(cls.__name__, "figures:", json.dumps(cls.figures))
+
+    def generate(self, prompt, n, timeout=300):
+        """Greedy ``n`` tokens; returns (kind, body): kind "ok" or which 503 abort it got (anything else fails)."""
+        self.figures["sent"] += 1
+        r = requests.post(self.base_url + "/generate", json={
+            "input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}}, timeout=timeout)
+        body = r.json()
+        if r.status_code == 200 and body["meta_info"]["finish_reason"]["type"] != "abort":
+            self.figures["ok"] += 1
+            self.assertEqual(len(body["output_ids"]), n)
+            return "ok", body
+        for key, text in (("queue_full", QUEUE_FULL), ("waiting_timeout", WAIT_TIMEOUT), ("running_timeout", RUN_TIMEOUT)):
+            if text in r.text:
+                self.assertEqual(r.status_code, 503, r.text[:300])
+                self.figures[key] += 1
+                return key, body
+        self.fail(f"unexpected answer HTTP {r.status_code}: {r.text[:300]}")
+
+    def queue_sizes(self):
+        """(running, waiting) requests from upstream's /v1/loads."""
+        load = requests.get(self.base_url + "/v1/loads", timeout=30).json()["loads"][0]
+        flat = {}
+        stack = [load]
+        while stack:
+            d = stack.pop()
+            for k, v in d.items():
+                stack.append(v) if isinstance(v, dict) else flat.setdefault(k, v)
+        return flat["num_running_reqs"], flat["num_waiting_reqs"]
+
+    def audits(self):
+        with open(self.server.log_path, errors="replace") as f:
+            return parse_audit_lines(f.read())
+
+    def assert_pools_balanced_after_drain(self, since: int):
+        """Wait for the scheduler's next idle audit after ``since`` audits: it balances with nothing locked."""
+        deadline = time.monotonic() + 120
+        while self.queue_sizes() != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.5)  # the idle scheduler writes its audit line
+        a = self.audits()
+        self.assertGreater(len(a), since, "no idle audit after the drain")
+        for line in a[since:]:
+            self.assertTrue(line["ok"], line)
+            self.figures["idle_audits_ok"] += 1
+        last = a[-1]
+        for pool in ("kv", "state"):
+            p = last[pool]
+            self.assertEqual(p["locked"], 0, pool)
+            self.assertEqual(p["free"] + p["evictable"] + p["locked"] + p["session"], p["total"], pool)
+            self.assertGreater(p["total"], 0, pool)
+        self.assertEqual(last["req_slots"]["free"], last["req_slots"]["total"])
+        self.assertEqual((last["kv"]["session"], last["state"]["session"], last["req_slots"]["session"]), (0, 0, 0))
+        self.assertIsNone(self.process.poll())
+        with open(self.server.log_path, errors="replace") as f:
+            self.assertNotIn("memory leak detected", f.read())
+
+    def retry_equals_cold(self, prompt, n=6):
+        """K3: resend at once (cache on), then again on a flushed cache (the cache-off output): equal."""
+        kind, warm = self.generate(prompt, n)
+        self.assertEqual(kind, "ok")
+        requests.post(self.base_url + "/flush_cache", timeout=30).raise_for_status()
+        kind, cold = self.generate(prompt, n)
+        self.assertEqual(kind, "ok")
+        self.assertEqual(cold["meta_info"]["cached_tokens"], 0)
+        self.assertEqual(warm["output_ids"], cold["output_ids"])
+        self.figures["retries_equal_cold"] += 1
+
+
+N_RUN, N_QUEUE = 8, 8  # N_QUEUE >= N_RUN: the long requests themselves wait for admission without hitting the limit
+# seconds; an idle 2-core CI machine admits 8 short prompts in well under 1 s; raise it on a loaded machine
+RUN_S = float(os.environ.get("SGLANG_HYBRID_TEST_RUNNING_TIMEOUT_S", "10"))
+
+
+def check_listed_then_skip(test, name, why):
+    """Skip ``test`` with ``why``, after checking that docs/upstream-test-kits.md lists ``name``."""
+    with open(KITS_DOC, encoding="utf-8") as f:
+        test.assertIn(f"`{name}`", f.read(), f"{name} is skipped but not listed in docs/upstream-test-kits.md")
+    test.skipTest(why + "; see docs/upstream-test-kits.md")
+
+
+class TestReliabilityRunningTimeoutAndQueueLimit(_LimitsServer, RunningTimeoutTwoWaveMixin, StreamingSessionKitMixin):
+    """Upstream's running-timeout kit (two waves of 4), then queue-limit aborts; pools balanced, K3 retries.
+    The same server runs the sequential tests of upstream's streaming-session kit (sessions on our hybrid cache;
+    a session holds its request slot between turns, so they cannot share the one-slot waiting-timeout server)."""
+
+    server_args = limits_args(N_RUN, N_QUEUE) + ["--enable-streaming-session"]
+    server_env = {"SGLANG_REQ_RUNNING_TIMEOUT": str(RUN_S)}
+    running_timeout_num_wave1 = 4
+    running_timeout_num_wave2 = 4
+    running_timeout_sleep = 2.0
+    running_timeout_max_new_tokens = LIMITS_C - 100  # runs past RUN_S (the kit's 1024 does not fit C)
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+        cls.tokenizer = get_tokenizer(cls.model)
+
+    def test_kv_cache_inheritance(self):
+        since = len(self.audits())
+        super().test_kv_cache_inheritance()
+        self.generate(ids(1, 8), 1)  # an idle period after close_session: its audit must show no session left
+        self.assert_pools_balanced_after_drain(since)
+
+    def test_preabort_recovery(self):
+        since = len(self.audits())
+        super().test_preabort_recovery()
+        self.generate(ids(1, 8), 1)  # an idle period after close_session: its audit must show no session left
+        self.assert_pools_balanced_after_drain(since)
+
+    def test_leak_logprob_concurrent(self):
+        check_listed_then_skip(self, "StreamingSessionKitMixin.test_leak_logprob_concurrent",
+                               "900 requests from 6 concurrent sessions: minutes of CPU on this machine")
+
+    def test_stress_concurrent_sessions(self):
+        check_listed_then_skip(self, "StreamingSessionKitMixin.test_stress_concurrent_sessions",
+                               "8 concurrent sessions x 6 turns under retraction pressure: minutes of CPU, past this server's running timeout")
+
+    def test_nth_mid_abort_recovery(self):
+        check_listed_then_skip(self, "StreamingSessionKitMixin.test_nth_mid_abort_recovery",
+                               "max_new_tokens 100000 is refused (400) by a 1024-token context")
+
+    def test_first_mid_abort_recovery(self):
+        check_listed_then_skip(self, "StreamingSessionKitMixin.test_first_mid_abort_recovery",
+                               "max_new_tokens 100000 is refused (400) by a 1024-token context")
+
+    def test_running_timeout_no_crash(self):
+        """The kit (every error a 503, the server alive); we also count its answers: all 8 ran into RUN_S
+        (an idle 2-core CI machine decodes ~33 tokens/s per request at batch 8: 924 tokens take ~28 s, past RUN_S)."""
+        since = len(self.audits())
+        answers, post = [], requests.post
+
+        def recording_post(url, *args, **kwargs):
+            r = post(url, *args, **kwargs)
+            if url.endswith("/generate"):
+                answers.append((r.status_code, r.text))
+            return r
+
+        with unittest.mock.patch.object(abort_timeout_kit.requests, "post", recording_post):
+            super().test_running_timeout_no_crash()
+        self.figures["sent"] += len(answers)
+        self.figures["running_timeout"] += sum(RUN_TIMEOUT in t for _, t in answers)
+        self.assertEqual([(c, RUN_TIMEOUT in t) for c, t in answers], [(503, True)] * 8)
+        self.assert_pools_balanced_after_drain(since)
+
+    def test_queue_limit_and_running_timeout_then_pools_balanced_and_retry(self):
+        """N_RUN long requests (one a 2-chunk prefill) fill every running slot; then a burst of N_QUEUE + 3:
+        N_QUEUE wait, 3 get 503 "queue is full" at once. The long ones run into RUN_S (503); the queued
+        ones then run and finish. After the drain: pools balanced, nothing locked; each refused or timed-out
+        prompt resent gives its cold-cache (cache-off) output."""
+        since = len(self.audits())
+        longs = [ids(500, 150)] + [ids(510 + i, 16) for i in range(N_RUN - 1)]  # the first: a 2-chunk prefill
+        burst = [ids(600 + i, 24) for i in range(N_QUEUE + 3)]
+        with concurrent.futures.ThreadPoolExecutor(N_RUN + N_QUEUE + 3) as ex:
+            f_long = [ex.submit(self.generate, p, LIMITS_C - 10 - len(p)) for p in longs]
+            deadline = time.monotonic() + 120
+            while self.queue_sizes() != (N_RUN, 0) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            self.assertEqual(self.queue_sizes(), (N_RUN, 0))
+            f_burst = [ex.submit(self.generate, p, 4) for p in burst]
+            kinds = [f.result()[0] for f in f_burst]
+            long_kinds = [f.result()[0] for f in f_long]
+        print("queue-limit burst:", kinds, "long:", long_kinds)
+        self.assertEqual(long_kinds, ["running_timeout"] * N_RUN)
+        self.assertEqual(sorted(kinds), ["ok"] * N_QUEUE + ["queue_full"] * 3)
+        self.assert_pools_balanced_after_drain(since)
+        for p, kind in zip(burst, kinds):
+            if kind != "ok":
+                self.retry_equals_cold(p)
+        self.retry_equals_cold(longs[0])  # the chunked one: aborted mid-decode, its prefix cached
+        self.retry_equals_cold(longs[1])
+
+
+WAIT_S = 0.1
+
+
+class TestReliabilityWaitingTimeout(_LimitsServer, WaitingTimeoutMixin):
+    """Upstream's waiting-timeout kit in its configuration (one running request); pools balanced after it."""
+
+    server_args = limits_args(1)
+    server_env = {"SGLANG_REQ_WAITING_TIMEOUT": str(WAIT_S)}
+    # the running one takes ~0.3 s on an idle CI machine (> WAIT_S) and stays under the kit's 60 s HTTP
+    # timeout on a machine 50x slower (the kit's 512 tokens would not)
+    waiting_timeout_max_new_tokens = 24
+
+    def test_waiting_timeout(self):
+        since = len(self.audits())
+        super().test_waiting_timeout()
+        self.assert_pools_balanced_after_drain(since)
 
 
 if __name__ == "__main__":
