@@ -167,6 +167,29 @@ class ValueAwareMambaComponent(MambaComponent):
         return super().evict_component(node, device_frees, host_frees, cache_actions, target=target, **kw)
 
 
+    def _select_finished_checkpoint(self, req, token_ids_len: int):
+        """Upstream's choice of the state a finished request donates, gated for decode-end states.
+
+        A state tracked during decode (position beyond the prompt) is donated only
+        while :meth:`HybridRadixCache._end_is_valuable` predicts reuse (issue #3,
+        placement: "decode-end states only where the policy predicts reuse"); the
+        request's KV is inserted either way. Returns upstream's ``(position, slot)``
+        or ``None`` (donate nothing).
+        """
+        sel = super()._select_finished_checkpoint(req, token_ids_len)
+        cache = self.cache
+        if sel is None or not getattr(cache, "serving", False):
+            return sel
+        prompt_len = len(getattr(req, "origin_input_ids", None) or ())
+        if sel[0] <= prompt_len:
+            return sel
+        if not cache._end_is_valuable():
+            cache.metrics.decode_end_skipped += 1
+            return None
+        cache._pending_end_positions.append(sel[0])
+        return sel
+
+
 class HostCapturingFullComponent(FullComponent):
     """Upstream's FULL component; a KV segment leaving the device is offered to the host tier first."""
 
@@ -284,6 +307,7 @@ class CacheMetrics:
     host_to_device_bytes: int = 0
     checkpoints_stored: int = 0
     budget_evictions: int = 0  # inserts after which the joint device budget made the cache evict
+    decode_end_skipped: int = 0  # decode-time states not donated (the policy predicted no reuse)
     per_request: List[Dict[str, int]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> Dict[str, int]:
@@ -367,6 +391,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self._node_kind: Dict[object, str] = {}
         self.placement_warmup = placement_warmup
         self.min_hit_rate = min_hit_rate
+        self._pending_end_positions: List[int] = []  # decode-end states donated by the current insert
         logger.info(
             "HybridRadixCache: page=%d, joint device budget=%s, host tier=%.1f GB",
             self.page_size,
@@ -580,7 +605,17 @@ class HybridRadixCache(UnifiedRadixCache):
         budget (``--hybrid-device-cache-gb``) the cache then evicts by value until
         the KV + checkpoint bytes in use fit it (entries locked by running requests
         are never evicted, so a budget below their needs only empties the cache)."""
+        self._pending_end_positions.clear()
         super().checkpoint(req, up_to=up_to, **kwargs)
+        for pos in self._pending_end_positions:  # feed the decode-end hit rate (placement kind "end")
+            try:
+                key = RadixKey(req.full_untruncated_fill_ids[:pos], extra_key=getattr(req, "extra_key", None))
+                m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=key))
+                if m.device_prefix_len == pos:
+                    self.note_checkpoint(m.last_device_node, "end")
+            except Exception as exc:  # bookkeeping only: the insert itself already happened
+                logger.warning("hybrid cache: decode-end checkpoint at %d not recorded (%s)", pos, exc)
+        self._pending_end_positions.clear()
         if self.device_budget_bytes is None:
             return
         before = self.device_used_bytes()

@@ -248,6 +248,38 @@ class TestHybridRadixCache(unittest.TestCase):
             hybrid_bad = build_cache("hybrid", 10, 2, page_size=PAGE, grid=GRID, kv_bytes_per_token=0)
 
 
+class TestDecodeEndGate(unittest.TestCase):
+    """Serving path: a finished request's decode-time state is donated only while the
+    'end' placement kind's hit rate predicts reuse (issue #3, placement rule 3)."""
+
+    def test_decode_end_state_donated_only_while_predicted_reused(self):
+        from types import SimpleNamespace
+        from unittest import mock
+
+        from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+        cache, _, _ = build_cache("hybrid", 100_000, 20, page_size=PAGE, grid=GRID, serving=True,
+                                  placement_warmup=4, min_hit_rate=0.25)
+        comp = cache._mamba_component()
+        req = SimpleNamespace(origin_input_ids=list(range(100)))
+        upstream_choice = {"sel": (320, 1)}  # upstream would donate the state tracked at 320 (decode)
+        with mock.patch.object(MambaComponent, "_select_finished_checkpoint", lambda self, r, n: upstream_choice["sel"]):
+            self.assertEqual(comp._select_finished_checkpoint(req, 400), (320, 1))  # warm-up: donated
+            self.assertEqual(cache._pending_end_positions, [320])  # recorded as kind 'end' after the insert
+            cache._pending_end_positions.clear()
+            cache.kind_stored["end"], cache.kind_hits["end"] = 8, 1  # 12.5 % < 25 %
+            self.assertIsNone(comp._select_finished_checkpoint(req, 400))
+            self.assertEqual(cache.metrics.decode_end_skipped, 1)
+            cache.kind_hits["end"] = 2  # 25 %
+            self.assertEqual(comp._select_finished_checkpoint(req, 400), (320, 1))
+            cache.kind_hits["end"] = 0
+            upstream_choice["sel"] = (64, 0)  # a state inside the prompt is never gated
+            self.assertEqual(comp._select_finished_checkpoint(req, 400), (64, 0))
+            upstream_choice["sel"] = None  # upstream donates nothing: unchanged
+            self.assertIsNone(comp._select_finished_checkpoint(req, 400))
+        self.assertEqual(cache.metrics.decode_end_skipped, 1)
+
+
 class CacheMachine(RuleBasedStateMachine):
     """Random insert / match / lock / unlock / evict / offload / restore / abort sequences."""
 
