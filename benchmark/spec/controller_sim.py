@@ -12,11 +12,16 @@ same simulated time, and prints committed tokens/s with ratios to the oracle, th
 fixed depth and the EMA policies measured in the same run. Cycle times seen by the
 controller carry 3 % log-normal noise. Writes ``benchmark/results/spec_controller_sim.json``.
 
-No H200-measured cost curve is included: it needs the full target step (our verify kernels
-plus the MoE and attention layers of a real checkpoint under CUDA graphs) timed on the GPU,
-and the Qwen3.8-Flash-Next weights/tiny model do not exist here; the ``moe-roofline`` curve
-(sim_models.MoERooflineCost) is a roofline model whose bandwidth is the H200 copy ceiling
-we measured, not a measurement of the cycle.
+Cost curves: ``linear`` and ``flat`` (parametric), ``moe-roofline`` (sim_models.MoERooflineCost,
+a roofline model whose bandwidth is the H200 copy ceiling we measured) and ``h200-k3``: the
+table measured on one H200 by benchmark/spec/bench_cycle_cost_h200.py (our KDA verify kernel
+under CUDA-graph replay plus a BF16 matmul model of the Kimi K3 TP8 target step and an MTP-style
+draft layer; ``benchmark/results/2026-11-29-h200-spec_cycle_cost.json``), interpolated in batch size.
+
+Every scenario runs under ``--seeds`` (default 0, 1, 2: different request streams and draws);
+the summary ratios are the mean over seeds (``*_min``: the worst seed), the goals are checked
+on the means. ``oracle-saturated`` (the per-step best for a saturated closed loop, true
+acceptance; sim_models.SaturatedOraclePolicy) is reported beside the issue's per-step oracle.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from sim_models import (  # noqa: E402
     ControllerPolicy,
     FixedPolicy,
     LinearCost,
+    MeasuredCost,
     MoERooflineCost,
     OraclePolicy,
+    SaturatedOraclePolicy,
     UpstreamEmaPolicy,
 )
 
@@ -56,6 +63,7 @@ COSTS: Dict[str, Callable[[int, int], float]] = {
     "linear": LinearCost(fixed=1.0e-3, per_draft=0.12e-3, per_row=0.02e-3),
     "flat": LinearCost(fixed=1.0e-3, per_draft=0.05e-3, per_row=0.001e-3),
     "moe-roofline": MoERooflineCost(),
+    "h200-k3": MeasuredCost(os.path.join(_HERE, "..", "results", "2026-11-29-h200-spec_cycle_cost.json")),
 }
 
 
@@ -87,6 +95,10 @@ SCENARIOS = [
     Scenario("mixed-b128-moe", "mixed", "moe-roofline", [(0, 128)], ["large-batch"]),
     Scenario("ramp-1-128-linear", "high", "linear", [(0, 1), (0.2, 8), (0.4, 32), (0.6, 128), (0.8, 4)],
              ["batch-varies"]),
+    Scenario("high-b8-h200k3", "high", "h200-k3", [(0, 8)]),
+    Scenario("drifting-b32-h200k3", "drifting", "h200-k3", [(0, 32)], ["drifting", "large-batch"]),
+    Scenario("mixed-b64-h200k3", "mixed", "h200-k3", [(0, 64)], ["large-batch"]),
+    Scenario("ramp-1-64-h200k3", "high", "h200-k3", [(0, 1), (0.25, 8), (0.5, 64), (0.75, 2)], ["batch-varies"]),
 ]
 
 
@@ -96,6 +108,7 @@ def make_policies(cost):
     policies.append(UpstreamEmaPolicy(FLAT_SLOTS, name="ema-all-depths"))
     policies.append(ControllerPolicy(DepthController(DEPTHS)))
     policies.append(OraclePolicy(cost))
+    policies.append(SaturatedOraclePolicy(cost))
     return policies
 
 
@@ -161,33 +174,51 @@ def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 
             "chosen_k_by_batch": {str(b): {str(k): n for k, n in sorted(h.items())} for b, h in sorted(hist.items())}}
 
 
-def run(cycles: int = 2500, scenarios=None, seed: int = 0, verbose: bool = True) -> dict:
+RATIOS = {"ours_vs_oracle": "oracle", "ours_vs_oracle_saturated": "oracle-saturated",
+          "ours_vs_ema_upstream": "ema-upstream", "ours_vs_ema_all_depths": "ema-all-depths"}
+
+
+def summarize(per_seed: Dict[int, Dict[str, float]]) -> dict:
+    """Ratios of ``cycle-cost`` to the references, mean over seeds and worst seed."""
+    ratios: Dict[str, List[float]] = {}
+    best_fixed_names = []
+    for rates in per_seed.values():
+        fixed = {n: v for n, v in rates.items() if n.startswith("fixed-")}
+        best = max(fixed, key=fixed.get)
+        best_fixed_names.append(best)
+        ratios.setdefault("ours_vs_best_fixed", []).append(rates["cycle-cost"] / fixed[best])
+        for key, ref in RATIOS.items():
+            ratios.setdefault(key, []).append(rates["cycle-cost"] / rates[ref])
+        ratios.setdefault("oracle_vs_ema_upstream", []).append(rates["oracle"] / rates["ema-upstream"])
+    out = {key: float(np.mean(v)) for key, v in ratios.items()}
+    out.update({f"{key}_min": float(np.min(v)) for key, v in ratios.items()})
+    out["best_fixed"] = max(set(best_fixed_names), key=best_fixed_names.count)
+    return out
+
+
+def run(cycles: int = 2500, scenarios=None, seeds=(0,), verbose: bool = True) -> dict:
     scenarios = SCENARIOS if scenarios is None else scenarios
     results = []
     for sc in scenarios:
         t0 = time.perf_counter()
-        rows = {}
-        for policy in make_policies(COSTS[sc.cost]):
-            rows[policy.name] = simulate(policy, sc, cycles, seed)
-        oracle = rows["oracle"]["tokens_per_s"]
-        fixed = {n: r["tokens_per_s"] for n, r in rows.items() if n.startswith("fixed-")}
-        best_fixed = max(fixed, key=fixed.get)
-        ours = rows["cycle-cost"]["tokens_per_s"]
-        summary = {
-            "ours_vs_oracle": ours / oracle,
-            "best_fixed": best_fixed,
-            "ours_vs_best_fixed": ours / fixed[best_fixed],
-            "ours_vs_ema_upstream": ours / rows["ema-upstream"]["tokens_per_s"],
-            "ours_vs_ema_all_depths": ours / rows["ema-all-depths"]["tokens_per_s"],
-        }
+        rows, per_seed = {}, {}
+        for seed in seeds:
+            for policy in make_policies(COSTS[sc.cost]):
+                r = simulate(policy, sc, cycles, seed)
+                per_seed.setdefault(seed, {})[policy.name] = r["tokens_per_s"]
+                if seed == seeds[0]:
+                    rows[policy.name] = r
+        summary = summarize(per_seed)
         results.append({"scenario": sc.name, "trace": sc.trace, "cost": sc.cost,
                         "concurrency": sc.concurrency, "tags": sc.tags, "summary": summary,
+                        "tokens_per_s_by_seed": {str(k): v for k, v in per_seed.items()},
                         "policies": rows, "wall_s": time.perf_counter() - t0})
         if verbose:
-            print(f"{sc.name:22s} ours/oracle {summary['ours_vs_oracle']:.3f}  ours/best-fixed "
-                  f"({best_fixed}) {summary['ours_vs_best_fixed']:.3f}  ours/ema-upstream "
-                  f"{summary['ours_vs_ema_upstream']:.3f}  ours/ema-all-depths "
-                  f"{summary['ours_vs_ema_all_depths']:.3f}   [{time.perf_counter() - t0:.1f} s]", flush=True)
+            print(f"{sc.name:22s} ours/oracle {summary['ours_vs_oracle']:.4f}  ours/best-fixed "
+                  f"({summary['best_fixed']}) {summary['ours_vs_best_fixed']:.4f} (min {summary['ours_vs_best_fixed_min']:.4f})"
+                  f"  ours/ema-upstream {summary['ours_vs_ema_upstream']:.3f}  oracle/ema-upstream "
+                  f"{summary['oracle_vs_ema_upstream']:.3f}  ours/oracle-saturated {summary['ours_vs_oracle_saturated']:.4f}"
+                  f"   [{time.perf_counter() - t0:.1f} s]", flush=True)
     return {"results": results, "goals": check_goals(results)}
 
 
@@ -198,10 +229,13 @@ def check_goals(results) -> dict:
 
     tagged = [r for r in results if {"drifting", "large-batch"} & set(r["tags"])]
     return {
-        "within_3pct_of_oracle": {"missed": misses(lambda r: r["summary"]["ours_vs_oracle"] >= 0.97)},
+        "within_3pct_of_oracle": {"missed": misses(lambda r: r["summary"]["ours_vs_oracle_min"] >= 0.97)},
         "at_least_best_fixed": {"missed": misses(lambda r: r["summary"]["ours_vs_best_fixed"] >= 1.0)},
         "10pct_above_ema_upstream_on_drifting_and_large_batch": {
-            "missed": [r["scenario"] for r in tagged if r["summary"]["ours_vs_ema_upstream"] < 1.10]},
+            "missed": [r["scenario"] for r in tagged if r["summary"]["ours_vs_ema_upstream"] < 1.10],
+            # where even the per-step oracle (true acceptance) is < 10 % above the EMA policy
+            "unreachable_even_for_oracle": [r["scenario"] for r in tagged
+                                            if r["summary"]["oracle_vs_ema_upstream"] < 1.10]},
         "10pct_above_ema_all_depths_on_drifting_and_large_batch": {
             "missed": [r["scenario"] for r in tagged if r["summary"]["ours_vs_ema_all_depths"] < 1.10]},
     }
@@ -211,28 +245,33 @@ def _controller_settings() -> dict:
     c = DepthController(DEPTHS)
     a = c.acceptance
     return {"hysteresis": c.hysteresis, "profile_cycles": c.profile_cycles, "refresh_cycles": c.refresh_cycles,
+            "explore_z": c.explore_z, "objective": c.objective,
             "half_life_cycles": a.half_life_cycles, "drift_z": a.drift_z, "prior_accept": a.prior_accept,
-            "prior_weight": a.prior_weight, "request_weight": a.request_weight, "cost_smoothing": c.costs.smoothing}
+            "prior_weight": a.prior_weight, "request_weight": a.request_weight,
+            "adaptive_request_weight": a.adaptive_request_weight, "cost_level_smoothing": c.costs.smoothing,
+            "cost_shape_memory": c.costs.shape_memory}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cycles", type=int, default=2500, help="run length in cycles of depth 2")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0,1,2", help="comma list of seeds (request streams and draws)")
     ap.add_argument("--quick", action="store_true", help="3 scenarios x 300 cycles (test)")
     ap.add_argument("--out", default=os.path.join(_HERE, "..", "results", "spec_controller_sim.json"))
     args = ap.parse_args(argv)
     scenarios = [SCENARIOS[i] for i in (0, 3, 6)] if args.quick else SCENARIOS
     cycles = 300 if args.quick else args.cycles
     t0 = time.perf_counter()
-    out = run(cycles, scenarios, args.seed)
+    seeds = tuple(int(x) for x in args.seeds.split(","))
+    out = run(cycles, scenarios, seeds[:1] if args.quick else seeds)
     out["manifest"] = {
         "command": " ".join(["benchmark/spec/controller_sim.py"] + (argv if argv is not None else sys.argv[1:])),
-        "cycles": cycles, "seed": args.seed, "cost_noise": 0.03, "depths": DEPTHS,
+        "cycles": cycles, "seeds": list(seeds), "cost_noise": 0.03, "depths": DEPTHS,
         "controller": _controller_settings(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, python {platform.python_version()}",
         "wall_s": time.perf_counter() - t0,
-        "note": "simulation with modelled costs; the H200-measured cycle curve is not included (see docstring)",
+        "note": "simulation; cost curves: parametric, roofline model, and the h200-k3 table (measured parts "
+                "+ matmul model, benchmark/results/2026-11-29-h200-spec_cycle_cost.json)",
     }
     for goal, v in out["goals"].items():
         print(f"goal {goal}: " + ("met" if not v["missed"] else f"MISSED on {v['missed']}"))

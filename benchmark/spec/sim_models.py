@@ -1,14 +1,15 @@
 """Models for the depth-controller simulator: acceptance traces, cycle-cost curves, baseline policies.
 
-Everything here is a *model* (issue 7, "Benchmark"): no GPU is touched.
+Everything here is a *model* (issue 7, "Benchmark"): no GPU is touched (the measured table is read from JSON).
 
 * Acceptance traces give each request's conditional acceptance ``c_i(t)`` (draft ``i``
   accepted given ``1..i-1`` were), ``c_i = p * rho**(i-1)``; ``p`` per request, possibly
   drifting with simulated time.
-* Cycle-cost curves ``T(k, b)`` in seconds: two parametric ones and a roofline model of
-  one H200 serving a Qwen3.8-Flash-Next-like MoE with an MTP draft (parameters below).
+* Cycle-cost curves ``T(k, b)`` in seconds: two parametric ones, a roofline model of
+  one H200 serving a Qwen3.8-Flash-Next-like MoE with an MTP draft (parameters below), and
+  a table measured on the H200 (:class:`MeasuredCost`, benchmark/spec/bench_cycle_cost_h200.py).
 * Baseline policies: every fixed depth, upstream's EMA policy reimplemented from its
-  documented behaviour, and the per-step oracle.
+  documented behaviour, the per-step oracle and the saturated-loop oracle.
 """
 
 from __future__ import annotations
@@ -119,6 +120,43 @@ class MoERooflineCost:
         return self.step_overhead_s + draft + target
 
 
+@dataclass(frozen=True)
+class MeasuredCost:
+    """``T(k, b)`` from a measured table (``benchmark/results/*-h200-spec_cycle_cost.json``).
+
+    Rows ``{"batch", "k", "cycle_s"}``; between measured batch sizes ``T`` is interpolated
+    linearly in ``b`` (each depth separately); outside them it raises ``ValueError``.
+    """
+
+    path: str
+
+    def _table(self):
+        table = _MEASURED.get(self.path)
+        if table is None:
+            import json
+
+            with open(self.path) as f:
+                rows = json.load(f)["rows"]
+            batches = sorted({r["batch"] for r in rows})
+            depths = sorted({r["k"] for r in rows})
+            grid = np.full((len(depths), len(batches)), np.nan)
+            for r in rows:
+                grid[depths.index(r["k"]), batches.index(r["batch"])] = r["cycle_s"]
+            if np.isnan(grid).any():
+                raise ValueError(f"{self.path}: the (k, batch) grid is incomplete")
+            table = _MEASURED[self.path] = (np.array(batches, dtype=float), depths, grid)
+        return table
+
+    def __call__(self, k: int, b: int) -> float:
+        batches, depths, grid = self._table()
+        if not batches[0] <= b <= batches[-1] or k not in depths:
+            raise ValueError(f"(k={k}, b={b}) is outside the measured table {self.path}")
+        return float(np.interp(b, batches, grid[depths.index(k)]))
+
+
+_MEASURED: Dict[str, tuple] = {}
+
+
 # ---- policies -------------------------------------------------------------------------------
 class Policy:
     name = "policy"
@@ -150,6 +188,29 @@ class OraclePolicy(Policy):
     def choose(self, b, rids, true_c):
         committed = 1.0 + np.concatenate([[0.0], np.cumprod(true_c, axis=1).mean(axis=0).cumsum()])
         return max(DEPTHS, key=lambda k: committed[k] / self.cost(k, b))
+
+
+class SaturatedOraclePolicy(Policy):
+    """Best depth per step for a *saturated* closed loop, with the true acceptance and cost.
+
+    Maximises ``sum_r w_r / (T(k, b) * sum_r w_r / E_r(k))`` with ``w_r = E_r(k_prev)``: the
+    long-run rate when finished requests are replaced at once (requests that accept little
+    stay longer, so the batch over-represents them; ``w_r`` undoes that). Same objective as
+    our controller's ``objective="saturated"``, here with the truth instead of estimates.
+    """
+
+    name = "oracle-saturated"
+
+    def __init__(self, cost: Callable[[int, int], float]):
+        self.cost = cost
+        self.k_prev = None
+
+    def choose(self, b, rids, true_c):
+        p = np.cumprod(true_c, axis=1)
+        e = 1.0 + np.concatenate([np.zeros((p.shape[0], 1)), p.cumsum(axis=1)], axis=1)
+        w = e[:, self.k_prev] if self.k_prev is not None else np.ones(p.shape[0])
+        self.k_prev = max(DEPTHS, key=lambda k: w.sum() / (self.cost(k, b) * (w / e[:, k]).sum()))
+        return self.k_prev
 
 
 #: upstream 0.5.23's documented default per-batch-size candidates (DEFAULT_ADAPTIVE_CONFIG), as data

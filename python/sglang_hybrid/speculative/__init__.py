@@ -2,7 +2,9 @@
 
 ``acceptance`` (estimator + benchmark-only synthetic acceptance), ``cycle_cost`` (cost
 table, prior, timer) and ``controller`` are plain numpy and import no SGLang;
-``controller_hooks`` adapts them to upstream's adaptive-speculation policy protocol.
+``controller_hooks`` adapts them to upstream's adaptive-speculation policy protocol;
+``controlled_acceptance`` (torch) is the benchmark-only verify hook of
+``--speculative-synthetic-acceptance``.
 """
 
 from .acceptance import AcceptanceEstimator, SyntheticAcceptance

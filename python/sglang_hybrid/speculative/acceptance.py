@@ -16,7 +16,12 @@ follows drift, and a position that stops being observed slowly returns to its
 prior. Priors (pseudo-counts of weight ``prior_weight``): ``c_1`` ← ``prior_accept``;
 ``c_i`` ← the estimate of ``c_{i-1}`` (a geometric tail for positions never
 drafted). Per-request estimates use the pooled ``c_i`` as their prior (weight
-``request_weight``), so a new request starts at the pooled curve.
+``request_weight``), so a new request starts at the pooled curve. With
+``adaptive_request_weight`` that weight is set by empirical Bayes from the spread of the
+requests' own first-position rates (method of moments for a Beta prior:
+``weight = m (1 - m) / v_between - 1``, ``v_between`` = observed variance minus the binomial
+part): requests that all accept alike are pulled hard to the pooled curve (their
+differences are noise), requests that differ (a mixed workload) keep their own.
 
 Change detection. A long half-life gives a quiet estimate but follows a shift slowly,
 a short one the opposite. The pooled counts are therefore kept at two speeds; when the
@@ -66,7 +71,10 @@ class AcceptanceEstimator:
         drift_z: standard errors between fast and slow ``c_i`` that trigger a reset (``math.inf``: never).
         prior_weight: pseudo-count weight of the priors of the pooled ``c_i``.
         prior_accept: prior of ``c_1`` (before any observation).
-        request_weight: pseudo-count weight of the pooled curve in a request's estimate.
+        request_weight: pseudo-count weight of the pooled curve in a request's estimate (the
+            starting value when adaptive).
+        adaptive_request_weight: re-estimate ``request_weight`` from the requests' spread
+            (empirical Bayes, clipped to [1, 256]) every 16 cycles once 8 requests have data.
         max_requests: per-request rows kept; the least recently seen are dropped.
 
     Raises:
@@ -84,6 +92,7 @@ class AcceptanceEstimator:
         prior_weight: float = 2.0,
         prior_accept: float = 0.5,
         request_weight: float = 4.0,
+        adaptive_request_weight: bool = True,
         max_requests: int = 4096,
     ):
         if not isinstance(max_depth, int) or max_depth < 1:
@@ -107,6 +116,7 @@ class AcceptanceEstimator:
         self.prior_weight = float(prior_weight)
         self.prior_accept = float(prior_accept)
         self.request_weight = float(request_weight)
+        self.adaptive_request_weight = bool(adaptive_request_weight)
         self.max_requests = max_requests
         # pooled decayed counts: den[i-1] = cycles that reached position i, num[i-1] = those accepting it
         self._num = np.zeros(max_depth)
@@ -176,6 +186,26 @@ class AcceptanceEstimator:
             np.add.at(self._req_den[:, :depth], rows, reach)
             if self._cycle % 64 == 0:
                 self._evict_stale()
+            if self.adaptive_request_weight and self._cycle % 16 == 0:
+                self._update_request_weight()
+
+    def _update_request_weight(self) -> None:
+        rows = np.array(sorted(self._row_of.values()), dtype=np.int64)
+        if rows.size == 0:
+            return
+        den, num = self._req_den[rows, 0], self._req_num[rows, 0]
+        ok = den >= 1.0
+        if ok.sum() < 8:
+            return
+        den, rate = den[ok], num[ok] / den[ok]
+        m = float((rate * den).sum() / den.sum())
+        if not 0.0 < m < 1.0:
+            return
+        observed = float((den * (rate - m) ** 2).sum() / den.sum())
+        binomial = m * (1.0 - m) * float(ok.sum()) / float(den.sum())  # den-weighted mean of m(1-m)/den
+        between = observed - binomial
+        weight = m * (1.0 - m) / between - 1.0 if between > 0 else math.inf
+        self.request_weight = float(min(max(weight, 1.0), 256.0))
 
     def _shift_detected(self, depth: int) -> bool:
         if math.isinf(self.drift_z):
@@ -242,30 +272,50 @@ class AcceptanceEstimator:
             self._pooled_cache = c
         return self._pooled_cache
 
+    def survival_per_request(self, request_ids: Sequence[Hashable]) -> np.ndarray:
+        """``[B, max_depth]`` float64: each request's ``P_i`` (a request never observed: the pooled curve).
+
+        A request's conditional ``c_i`` is its own decayed counts with the pooled ``c_i`` as a
+        prior of weight ``request_weight``.
+        """
+        pooled = self.pooled_conditional()
+        out = np.tile(np.cumprod(pooled), (len(request_ids), 1))
+        rows = [self._row_of.get(r) for r in request_ids]
+        at = [i for i, r in enumerate(rows) if r is not None]
+        if at:
+            known = np.array([rows[i] for i in at], dtype=np.int64)
+            w = self.request_weight
+            c = (self._req_num[known] + w * pooled) / (self._req_den[known] + w)  # [B_known, K]
+            out[at] = np.cumprod(c, axis=1)
+        return out
+
     def survival(self, request_ids: Optional[Sequence[Hashable]] = None) -> np.ndarray:
         """``[max_depth]`` float64: ``P_i`` (first ``i`` drafts accepted), averaged over ``request_ids``.
 
-        With ``request_ids=None`` (or no known request among them): the pooled curve.
-        A request never observed contributes the pooled curve.
+        With ``request_ids=None`` (or empty): the pooled curve. A request never observed
+        contributes the pooled curve.
         """
-        pooled = self.pooled_conditional()
         if not request_ids:
-            return np.cumprod(pooled)
-        rows = [self._row_of.get(r) for r in request_ids]
-        known = np.array([r for r in rows if r is not None], dtype=np.int64)
-        n_unknown = len(rows) - known.size
-        total = np.cumprod(pooled) * n_unknown
-        if known.size:
-            w = self.request_weight
-            c = (self._req_num[known] + w * pooled) / (self._req_den[known] + w)  # [B_known, K]
-            total = total + np.cumprod(c, axis=1).sum(axis=0)
-        return total / len(rows)
+            return np.cumprod(self.pooled_conditional())
+        return self.survival_per_request(request_ids).mean(axis=0)
 
     def expected_committed(self, depth: int, request_ids: Optional[Sequence[Hashable]] = None) -> float:
         """``1 + sum_{i<=depth} P_i`` tokens per request per cycle (batch mean)."""
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"depth must be in [0, {self.max_depth}], got {depth!r}")
         return 1.0 + float(self.survival(request_ids)[:depth].sum())
+
+    def survival_se(self) -> np.ndarray:
+        """``[max_depth]``: standard error of the pooled ``P_i`` from position ``i``'s own conditional.
+
+        ``se(P_i) = P_i * sqrt((1 - c_i) / (c_i * (n_i + prior_weight)))`` with ``n_i`` the decayed
+        count of observations that reached position ``i``. The factors ``c_1 .. c_{i-1}`` scale
+        every depth >= i alike, so they are left out: this is the uncertainty of what one more
+        draft adds. A position that stops being observed (censored above the depth in use)
+        gets more uncertain as its count decays.
+        """
+        c = np.clip(self.pooled_conditional(), 1e-6, 1.0)
+        return np.cumprod(c) * np.sqrt((1.0 - c) / (c * (self._den + self.prior_weight)))
 
     def effective_counts(self) -> np.ndarray:
         """``[max_depth]``: decayed number of pooled observations that reached each position."""

@@ -10,22 +10,54 @@ no draft cost). ``P_i`` comes from :class:`~.acceptance.AcceptanceEstimator`, ``
 beats the current depth of that batch-size bucket by more than ``hysteresis`` (relative),
 so ``k`` does not flap on noise.
 
-Start-up profile and refresh (local, so a large batch never pays for its deepest depths):
-a depth never measured in a bucket is costed as the prior scaled by the bucket's measured
-cells (:class:`~.cycle_cost.CycleCostTable`). After each decision, a neighbour of the chosen
-depth (``k + 1``, then ``k - 1``) with fewer than ``profile_cycles`` measurements in the
-bucket is run instead (at most ``profile_cycles`` times), so the search climbs the measured
-rate curve; a neighbour not run for ``refresh_cycles`` steps of the bucket is run once, so
-its cost (and, for ``k + 1``, the acceptance of one more position) does not go stale.
-Cells seeded with ``profile_cycles`` or more :meth:`DepthController.record_cycle_cost` calls are not profiled.
+Objective under saturation (``objective="saturated"``, the default). Per-step
+``E[committed | k]`` (the batch mean) is the right numerator for one step, but not for the
+long run of a saturated server (fixed concurrency: a finished request is replaced at once).
+There a request with acceptance ``E_r(k)`` stays ``L_r / E_r(k)`` cycles, so requests that
+accept little pile up in the batch and the sustained rate is ``b / (T(k) * E_arr[1 / E_r(k)])``,
+a harmonic mean over *arriving* requests. With per-request estimates we use
+``E_eff(k) = sum_r w_r / sum_r (w_r / E_r(k))``, ``w_r = E_r(k_0)`` (``k_0``: the depth the batch
+was built under; a request's share of the batch is ``∝ 1 / E_r(k_0)``, so ``w_r`` undoes it and
+gives every arrival the same weight). Equal requests give the batch mean back. In the
+simulator a per-step oracle with the true acceptance loses up to 1.1 % to the best fixed
+depth on mixed-acceptance traces and this objective with the same true acceptance does not
+(docs/speculative.md). ``objective="step"``: the batch mean.
+
+Exploration (local, so a large batch never pays for its deepest depths). Only the
+neighbours of the chosen depth (``k + 1``, ``k - 1`` in the available list) are ever run
+instead of it:
+
+* *profile*: a neighbour never measured in the bucket is run (at most ``profile_cycles``
+  times), so the search climbs the measured rate curve; a depth never measured is costed
+  as the prior scaled by the bucket's (else the neighbouring buckets') measured cells;
+* *upper confidence*: a neighbour is run when its rate could still beat the chosen one,
+  ``log rate(j) - log rate(k) + explore_z * se > 0``, where ``se`` combines the standard
+  errors of the two cells' costs (:meth:`~.cycle_cost.CycleCostTable.log_se`) and of the
+  acceptance of the draft positions between them
+  (:meth:`~.acceptance.AcceptanceEstimator.survival_se`; a censored position's count decays,
+  so its uncertainty grows back while it is not drafted);
+* *decaying*: after each such probe the neighbour's minimum gap (in steps of the bucket)
+  doubles, from 1 up to ``max_probe_gap``; it restarts at 1 when the chosen depth changes
+  or the acceptance estimator detects a shift. A steady state spends few cycles on probes
+  (none once the neighbour is known to be worse by more than ``explore_z`` standard errors),
+  and a change is still looked at within ``max_probe_gap`` steps (at ``k = 0`` nothing
+  about acceptance is learnt between probes);
+* *refresh*: a neighbour not run for ``refresh_cycles`` steps of the bucket is run once
+  (``0``: never), the bound on how stale a cell can get.
+
+Cells seeded with ``profile_cycles`` or more :meth:`DepthController.record_cycle_cost`
+calls are not profiled. ``explore_z <= 0`` turns the upper-confidence probes off.
 
 Only numpy; no SGLang import (the SGLang policy adapter is ``controller_hooks.py``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Dict, Hashable, Mapping, Optional, Sequence
+
+import numpy as np
 
 from .acceptance import AcceptanceEstimator
 from .cycle_cost import CycleCostTable, batch_bucket
@@ -76,13 +108,19 @@ class DepthController:
         acceptance: an :class:`~.acceptance.AcceptanceEstimator` with ``max_depth == max(depths)``
             (default: one with its default half-lives and priors).
         costs: a :class:`~.cycle_cost.CycleCostTable` over ``depths`` (default: parametric prior).
-        hysteresis: relative rate margin needed to leave the current depth (default 2 %).
+        hysteresis: relative rate margin needed to leave the current depth (default 1 %).
         profile_cycles: measurements a neighbouring depth gets before the search moves on (0: none).
         refresh_cycles: steps of a bucket after which a neighbouring depth is re-run once (0: never).
+        explore_z: standard errors of optimism of the upper-confidence probes (<= 0: none).
+        max_probe_gap: cap of the doubling gap between two upper-confidence probes (steps, >= 1).
+        objective: ``"saturated"`` (harmonic weighting of per-request acceptance, see above) or
+            ``"step"`` (batch mean).
 
     Raises:
         ValueError: bad ``depths``, ``hysteresis < 0``, ``profile_cycles`` or ``refresh_cycles`` < 0,
-            an estimator or table that does not match ``depths``.
+            an estimator or table that does not match ``depths``, a non-finite ``explore_z``,
+            ``max_probe_gap < 1``, an
+            unknown ``objective``.
     """
 
     def __init__(
@@ -91,9 +129,12 @@ class DepthController:
         *,
         acceptance: Optional[AcceptanceEstimator] = None,
         costs: Optional[CycleCostTable] = None,
-        hysteresis: float = 0.02,
+        hysteresis: float = 0.01,
         profile_cycles: int = 2,
-        refresh_cycles: int = 200,
+        refresh_cycles: int = 400,
+        explore_z: float = 2.0,
+        max_probe_gap: int = 32,
+        objective: str = "saturated",
     ):
         depths = sorted(set(int(k) for k in depths))
         if not depths or depths[0] < 0 or depths[-1] < 1:
@@ -104,6 +145,15 @@ class DepthController:
             raise ValueError(f"profile_cycles must be >= 0, got {profile_cycles!r}")
         if refresh_cycles < 0:
             raise ValueError(f"refresh_cycles must be >= 0, got {refresh_cycles!r}")
+        if not math.isfinite(explore_z):
+            raise ValueError(f"explore_z must be a finite number, got {explore_z!r}")
+        self.explore_z = float(explore_z)
+        if max_probe_gap < 1:
+            raise ValueError(f"max_probe_gap must be >= 1 (steps), got {max_probe_gap!r}")
+        self.max_probe_gap = int(max_probe_gap)
+        if objective not in ("saturated", "step"):
+            raise ValueError(f"objective must be 'saturated' or 'step', got {objective!r}")
+        self.objective = objective
         self.depths = depths
         self.hysteresis = float(hysteresis)
         self.profile_cycles = int(profile_cycles)
@@ -118,6 +168,9 @@ class DepthController:
         self._profile_tries: Counter = Counter()
         self._bucket_steps: Counter = Counter()
         self._last_run: Dict[tuple, int] = {}  # (bucket, depth) -> bucket step
+        self._probe_gap: Dict[tuple, int] = {}  # (bucket, depth) -> minimum steps between probes
+        self._resets_seen = 0
+        self.probes = 0
         self.chosen: Dict[int, Counter] = {}  # bucket -> Counter(depth)
         self.cycles = 0
 
@@ -129,6 +182,22 @@ class DepthController:
         for value in p:
             cum.append(cum[-1] + float(value))
         return {k: 1.0 + cum[k] for k in self.depths}
+
+    def effective_committed(self, request_ids: Optional[Sequence[Hashable]] = None,
+                            built_under: Optional[int] = None) -> Dict[int, float]:
+        """``{k: E_eff(k)}``: the numerator of the rate the depth choice maximises.
+
+        ``objective="step"`` or no ``request_ids``: :meth:`expected_committed`. Otherwise the
+        saturation-weighted harmonic mean of the per-request ``E_r(k)`` (module docstring), with
+        weights ``E_r(built_under)`` (all 1 when ``built_under`` is None).
+        """
+        if self.objective == "step" or not request_ids:
+            return self.expected_committed(request_ids)
+        p = self.acceptance.survival_per_request(request_ids)  # [B, K]
+        e = 1.0 + np.concatenate([np.zeros((p.shape[0], 1)), np.cumsum(p, axis=1)], axis=1)  # [B, K + 1]
+        w = e[:, built_under] if built_under is not None else np.ones(p.shape[0])
+        total = float(w.sum())
+        return {k: total / float((w / e[:, k]).sum()) for k in self.depths}
 
     def rates(self, batch_size: int, request_ids: Optional[Sequence[Hashable]] = None) -> Dict[int, float]:
         """``{k: committed tokens per second}`` for the whole batch of ``batch_size`` requests."""
@@ -147,17 +216,33 @@ class DepthController:
         """
         bucket = batch_bucket(batch_size)
         step = self._bucket_steps[bucket] = self._bucket_steps[bucket] + 1
-        committed = self.expected_committed(request_ids)
+        previous = self._current.get(bucket)
+        committed = self.effective_committed(request_ids, previous)
         seconds = {k: self.costs.estimate(k, batch_size) for k in self.depths}
-        depth = select_depth(committed, seconds, current=self._current.get(bucket), hysteresis=self.hysteresis)
+        depth = select_depth(committed, seconds, current=previous, hysteresis=self.hysteresis)
+        if self.acceptance.resets != self._resets_seen:  # a shift: probe every bucket afresh
+            self._resets_seen = self.acceptance.resets
+            self._probe_gap.clear()
+        elif depth != previous:  # a move: probe this bucket's new neighbours afresh
+            for key in [key for key in self._probe_gap if key[0] == bucket]:
+                del self._probe_gap[key]
         self._current[bucket] = depth
-        depth = self._explore_depth(bucket, batch_size, depth, step)
+        depth = self._explore_depth(bucket, batch_size, depth, step, committed, seconds)
         self._last_run[(bucket, depth)] = step
         self.chosen.setdefault(bucket, Counter())[depth] += 1
         self.cycles += 1
         return depth
 
-    def _explore_depth(self, bucket: int, batch_size: int, depth: int, step: int) -> int:
+    def _log_rate_se(self, j: int, k: int, batch_size: int, committed: Mapping[int, float]) -> float:
+        """Standard error of ``log rate(j) - log rate(k)`` (costs and the positions between them)."""
+        lo, hi = min(j, k), max(j, k)
+        p_se = self.acceptance.survival_se()
+        acc = float(sum(p_se[lo:hi])) / committed[hi]  # positions lo+1 .. hi
+        cost = math.hypot(self.costs.log_se(j, batch_size), self.costs.log_se(k, batch_size))
+        return math.hypot(acc, cost)
+
+    def _explore_depth(self, bucket: int, batch_size: int, depth: int, step: int,
+                       committed: Mapping[int, float], seconds: Mapping[int, float]) -> int:
         i = self.depths.index(depth)
         neighbours = [self.depths[j] for j in (i + 1, i - 1) if 0 <= j < len(self.depths)]
         for k in neighbours:
@@ -165,6 +250,18 @@ class DepthController:
                     and self._profile_tries[(bucket, k)] < self.profile_cycles):
                 self._profile_tries[(bucket, k)] += 1
                 return k
+        if self.explore_z > 0:
+            base = math.log(committed[depth] / seconds[depth])
+            for k in neighbours:
+                gap = self._probe_gap.get((bucket, k), 1)
+                if step - self._last_run.get((bucket, k), -gap) < gap:
+                    continue
+                optimistic = (math.log(committed[k] / seconds[k]) - base
+                              + self.explore_z * self._log_rate_se(k, depth, batch_size, committed))
+                if optimistic > 0:
+                    self._probe_gap[(bucket, k)] = min(2 * gap, self.max_probe_gap)
+                    self.probes += 1
+                    return k
         if self.refresh_cycles:
             for k in neighbours:
                 if step - self._last_run.get((bucket, k), 0) > self.refresh_cycles:
@@ -201,7 +298,7 @@ class DepthController:
         }
 
     def format_log_line(self) -> str:
-        """One line for the periodic log: histogram, ``P_i`` curve, cost per bucket (ms)."""
+        """One log line: chosen-depth histogram (total, per batch bucket), ``P_i``, cost per bucket (ms)."""
         m = self.metrics()
         hist = " ".join(f"{k}:{n}" for k, n in m["chosen_depth_histogram"].items() if n)
         curve = " ".join(f"{p:.2f}" for p in m["acceptance_curve"])
@@ -209,4 +306,7 @@ class DepthController:
             f"b{b} " + " ".join(f"k{k}={cell['seconds'] * 1e3:.2f}" for k, cell in cells.items())
             for b, cells in m["cycle_cost_s"].items()
         )
-        return f"spec depth controller: cycles={m['cycles']} chosen k [{hist}] P_i [{curve}] T_cycle ms [{costs}]"
+        by_bucket = "; ".join(f"b{b} " + " ".join(f"{k}:{n}" for k, n in counts.items())
+                              for b, counts in m["chosen_depth_by_bucket"].items())
+        return (f"spec depth controller: cycles={m['cycles']} chosen k [{hist}] by bucket [{by_bucket}] "
+                f"P_i [{curve}] T_cycle ms [{costs}]")

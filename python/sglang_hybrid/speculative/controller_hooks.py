@@ -20,6 +20,9 @@ upstream target                                                hook        what 
 ``EAGLEWorkerV2.__init__``                                     AFTER       replaces ``adaptive_controller.params``
 ``EAGLEWorkerV2.forward_batch_generation``                     AROUND      request ids of a decode batch; timer mark
                                                                            at a non-decode step
+``eagle_utils.verify_tree_greedy_func``                        AROUND      benchmark-only controlled acceptance
+                                                                           (``controlled_acceptance.py``; off unless
+                                                                           ``--speculative-synthetic-acceptance``)
 =============================================================  ==========  ===============================================
 
 ``--speculative-depth-controller``: ``fixed`` (stay at ``--speculative-num-steps``),
@@ -41,6 +44,7 @@ from typing import Deque, Hashable, List, Optional, Sequence, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from . import controlled_acceptance
 from .controller import DepthController
 from .cycle_cost import CycleTimer
 
@@ -49,6 +53,8 @@ logger = logging.getLogger("sglang_hybrid.speculative")
 CHOICES = ("fixed", "ema", "cycle-cost")
 FLAG = "--speculative-depth-controller"
 ENV = "SGLANG_HYBRID_SPEC_DEPTH_CONTROLLER"
+#: Seconds between two ``spec depth controller:`` log lines of the cycle-cost policy (default 60; <= 0: none).
+LOG_INTERVAL_ENV = "SGLANG_HYBRID_SPEC_DEPTH_LOG_INTERVAL_S"
 #: Bookkeeping attribute on upstream's ``ServerArgs`` (underscore names survive pickling to the scheduler).
 SERVER_ARGS_ATTR = "_sglang_hybrid_depth_controller"
 #: Target architectures that default to ``cycle-cost``: Kimi K3 and Qwen3.8-Flash-Next (upstream ``qwen4_exp``).
@@ -229,13 +235,17 @@ def make_policy(choice: str, initial_steps: int, candidate_steps: Sequence[int],
     if choice == "fixed":
         return FixedDepthPolicy(initial_steps, candidate_steps)
     if choice == "cycle-cost":
-        return CycleCostDepthPolicy(initial_steps, candidate_steps, use_device_events=use_device_events)
+        interval = float(os.environ.get(LOG_INTERVAL_ENV, "60"))
+        return CycleCostDepthPolicy(initial_steps, candidate_steps, use_device_events=use_device_events,
+                                    log_interval_s=interval)
     return None
 
 
 # ---- hooks -------------------------------------------------------------------------------
 def add_cli_flag(result, parser, *args, **kwargs):
-    """AFTER ``ServerArgs.add_cli_args(parser)``: add ``--speculative-depth-controller``."""
+    """AFTER ``ServerArgs.add_cli_args(parser)``: add ``--speculative-depth-controller`` (and the
+    benchmark-only ``--speculative-synthetic-acceptance``, ``controlled_acceptance.py``)."""
+    controlled_acceptance.add_flag(parser)
     if FLAG not in parser._option_string_actions:
         parser.add_argument(
             FLAG,
@@ -252,6 +262,7 @@ def add_cli_flag(result, parser, *args, **kwargs):
 
 def keep_cli_choice(server_args, cls, args, *rest, **kwargs):
     """AFTER ``ServerArgs.from_cli_args(args)``: store the flag on the record (and the environment)."""
+    controlled_acceptance.keep_flag(args)
     value = getattr(args, FLAG[2:].replace("-", "_"), None)
     if value:
         setattr(server_args, SERVER_ARGS_ATTR, value)
@@ -311,3 +322,5 @@ def install() -> None:
     HookRegistry.register(f"{SERVER_ARGS}.from_cli_args", keep_cli_choice, HookType.AFTER)
     HookRegistry.register(f"{WORKER}.__init__", install_policy, HookType.AFTER)
     HookRegistry.register(f"{WORKER}.forward_batch_generation", around_forward_batch_generation, HookType.AROUND)
+    HookRegistry.register(controlled_acceptance.TARGET, controlled_acceptance.around_verify_tree_greedy,
+                          HookType.AROUND)

@@ -8,10 +8,12 @@ step (prefill / extend) is discarded.
 
 Batch sizes are grouped into power-of-two buckets (1, 2, 4, 8, ...; a batch of 5
 falls into bucket 8), close to how CUDA graphs pad the batch. Each cell
-``(k, bucket)`` keeps an exponential moving average of its measured cycles. A cell
-never measured is predicted from the prior ``T_prior(k, bucket)`` scaled by how the
-measured cells of that bucket (else of all buckets) compare with their priors, so
-the prior supplies only the *shape* of the curve.
+``(k, bucket)`` is a fast per-bucket level (what moves every depth together) times a
+slowly averaged per-depth shape (the relative cost of the depths, which is what the
+argmax needs); see :class:`CycleCostTable`. A cell never measured is predicted from the
+prior ``T_prior(k, bucket)`` scaled by how the measured cells of that bucket (else of the
+neighbouring buckets, interpolated) compare with their priors, so the prior supplies only
+the *shape* of the curve.
 
 Only numpy (and torch when CUDA events are used); no SGLang import.
 """
@@ -50,17 +52,40 @@ class ParametricCycleCost:
 
 
 class CycleCostTable:
-    """``T(k, bucket)`` in seconds, from measurements (EMA) and a prior.
+    """``T(k, bucket)`` in seconds, from measurements and a prior: a fast level times a slow shape.
+
+    Every measured cycle of bucket ``b`` updates two things (in logs, so both are ratios):
+
+    * the *shape* ``S_{k,b}`` of the depth actually run, first: a running mean of its log
+      residual against the current level for its first ``shape_memory`` cycles, an EMA with
+      weight ``1 / shape_memory`` after that. The relative cost of the depths, which is all
+      the argmax needs (a common factor cancels in ``E[committed | k] / T``), is so averaged
+      over hundreds of cycles even for a depth that is only probed now and then, instead of
+      resting on its last few noisy cycles;
+    * then the bucket's *level* ``L_b``, an exponential moving average (weight ``smoothing``)
+      of what is left of the residual, whatever the depth: it follows what moves all depths
+      together (context length, co-located load, clocks) within a few cycles. Its noise is
+      common to every depth of the bucket and does not move the argmax, so it can be fast.
+
+    ``estimate(k, b) = exp(L_b + S_{k,b})``. A cell never measured is predicted from the prior
+    ``T_prior(k, b)`` scaled by how the measured cells of that bucket compare with their
+    priors; a bucket with no measured cell takes the scale interpolated (in log bucket) from
+    the nearest measured buckets below and above, else the nearest one; so the prior supplies
+    only the *shape* of the curve.
+
+    ``level_smoothing=0`` and ``shape_memory=1`` give a table that holds each cell's last cycle.
 
     Args:
         depths: the draft depths that exist (graphs / buffers built).
         prior: ``prior(k, batch_size) -> seconds``; default :class:`ParametricCycleCost`.
-        smoothing: EMA weight of a new sample (0 < smoothing <= 1).
-        outlier_factor: a sample above ``outlier_factor`` × the current estimate is clipped
+        smoothing: EMA weight of the level (0 <= smoothing <= 1).
+        shape_memory: cycles a depth's shape is averaged over (>= 1).
+        outlier_factor: a cycle above ``outlier_factor`` x the current estimate is clipped
             to it (a stall inside a cycle must not dominate; a lasting change still gets through).
 
     Raises:
-        ValueError: empty or negative ``depths``, ``smoothing`` outside (0, 1], ``outlier_factor <= 1``.
+        ValueError: empty or negative ``depths``, ``smoothing`` outside [0, 1], ``shape_memory < 1``,
+            ``outlier_factor <= 1``.
     """
 
     def __init__(
@@ -68,23 +93,29 @@ class CycleCostTable:
         depths: Sequence[int],
         prior: Optional[Callable[[int, int], float]] = None,
         *,
-        smoothing: float = 0.1,
+        smoothing: float = 0.5,
+        shape_memory: int = 200,
         outlier_factor: float = 3.0,
     ):
         depths = sorted(set(int(k) for k in depths))
         if not depths or depths[0] < 0:
             raise ValueError(f"depths must be a non-empty set of ints >= 0, got {depths!r}")
-        if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
+        if not 0.0 <= smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
+        if not (isinstance(shape_memory, int) and shape_memory >= 1):
+            raise ValueError(f"shape_memory must be an int >= 1 (cycles), got {shape_memory!r}")
         if not outlier_factor > 1.0:
             raise ValueError(f"outlier_factor must be > 1, got {outlier_factor!r}")
         self.depths = depths
         self.prior = prior if prior is not None else ParametricCycleCost()
         self.smoothing = float(smoothing)
+        self.shape_memory = int(shape_memory)
         self.outlier_factor = float(outlier_factor)
-        self._est: Dict[Tuple[int, int], float] = {}
+        self._level: Dict[int, float] = {}  # bucket -> log level
+        self._shape: Dict[Tuple[int, int], float] = {}  # (depth, bucket) -> log shape
         self._count: Dict[Tuple[int, int], int] = {}
         self._scale_cache: Dict[int, float] = {}
+        self._noise_var = 0.05 ** 2  # per-cycle log-time variance, learnt from the residuals
 
     def record(self, depth: int, batch_size: int, seconds: float) -> None:
         """Add one measured cycle (``seconds > 0``) at draft depth ``depth`` and batch size ``batch_size``.
@@ -96,47 +127,79 @@ class CycleCostTable:
             raise ValueError(f"depth {depth!r} is not one of the available depths {self.depths}")
         if not (seconds > 0 and math.isfinite(seconds)):
             raise ValueError(f"seconds must be a positive finite duration, got {seconds!r}")
-        key = (int(depth), batch_bucket(batch_size))
-        old = self._est.get(key)
-        if old is None:
-            self._est[key] = float(seconds)
+        bucket = batch_bucket(batch_size)
+        key = (int(depth), bucket)
+        x = math.log(seconds)
+        level = self._level.setdefault(bucket, 0.0)
+        shape = self._shape.get(key)
+        n = self._count.get(key, 0)
+        if shape is None:
+            self._shape[key] = x - level
         else:
-            sample = min(float(seconds), self.outlier_factor * old)
-            self._est[key] = old + self.smoothing * (sample - old)
-        self._count[key] = self._count.get(key, 0) + 1
+            pred = level + shape
+            x = min(x, pred + math.log(self.outlier_factor))  # clip a stall
+            self._noise_var += 0.01 * ((x - pred) ** 2 - self._noise_var)
+            # shape first, against the level the other cycles set; then the level takes the rest
+            shape += max(1.0 / (n + 1), 1.0 / self.shape_memory) * (x - pred)
+            self._shape[key] = shape
+            self._level[bucket] = level + self.smoothing * (x - level - shape)
+        self._count[key] = n + 1
         self._scale_cache.clear()
 
     def count(self, depth: int, batch_size: int) -> int:
         """Measured cycles in the cell of ``(depth, batch_bucket(batch_size))``."""
         return self._count.get((depth, batch_bucket(batch_size)), 0)
 
-    def _prior_ratio(self, keys) -> Optional[float]:
-        logs = [math.log(self._est[key] / self.prior(key[0], key[1])) for key in keys]
-        return math.exp(sum(logs) / len(logs)) if logs else None
+    @property
+    def noise(self) -> float:
+        """Learnt standard deviation of one cycle's log time around its cell (starts at 0.05)."""
+        return math.sqrt(self._noise_var)
+
+    def log_se(self, depth: int, batch_size: int) -> float:
+        """Standard error of ``log estimate(depth, batch_size)`` relative to the bucket level.
+
+        ``noise / sqrt(min(cycles, shape_memory))`` for a measured cell, ``inf`` for an unmeasured one.
+        """
+        n = self._count.get((depth, batch_bucket(batch_size)), 0)
+        return self.noise / math.sqrt(min(n, self.shape_memory)) if n else math.inf
+
+    def _measured(self, key: Tuple[int, int]) -> float:
+        return math.exp(self._level[key[1]] + self._shape[key])
+
+    def _bucket_log_ratio(self, bucket: int) -> Optional[float]:
+        logs = [math.log(self._measured(key) / self.prior(key[0], key[1])) for key in self._shape if key[1] == bucket]
+        return sum(logs) / len(logs) if logs else None
 
     def _scale(self, bucket: int) -> float:
         scale = self._scale_cache.get(bucket)
         if scale is None:
-            scale = self._prior_ratio([key for key in self._est if key[1] == bucket])
-            if scale is None:
-                scale = self._prior_ratio(list(self._est))
-            scale = 1.0 if scale is None else scale
+            own = self._bucket_log_ratio(bucket)
+            if own is None:
+                measured = sorted({b for _, b in self._shape})
+                below = [b for b in measured if b < bucket]
+                above = [b for b in measured if b > bucket]
+                if below and above:  # interpolate in log2(bucket)
+                    lo, hi = below[-1], above[0]
+                    w = (math.log2(bucket) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+                    own = (1 - w) * self._bucket_log_ratio(lo) + w * self._bucket_log_ratio(hi)
+                elif below or above:
+                    own = self._bucket_log_ratio(below[-1] if below else above[0])
+            scale = 1.0 if own is None else math.exp(own)
             self._scale_cache[bucket] = scale
         return scale
 
     def estimate(self, depth: int, batch_size: int) -> float:
         """Seconds per cycle at ``depth`` for a batch of ``batch_size`` (measured, else scaled prior)."""
         bucket = batch_bucket(batch_size)
-        measured = self._est.get((depth, bucket))
-        if measured is not None:
-            return measured
+        if (depth, bucket) in self._shape:
+            return self._measured((depth, bucket))
         return self.prior(depth, bucket) * self._scale(bucket)
 
     def as_dict(self) -> Dict[str, Dict[str, Dict[str, float]]]:
-        """Measured cells: ``{bucket: {depth: {"seconds": ema, "cycles": n}}}`` (string keys, JSON-ready)."""
+        """Measured cells: ``{bucket: {depth: {"seconds": estimate, "cycles": n}}}`` (string keys, JSON-ready)."""
         out: Dict[str, Dict[str, Dict[str, float]]] = {}
-        for (depth, bucket), est in sorted(self._est.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            out.setdefault(str(bucket), {})[str(depth)] = {"seconds": est, "cycles": self._count[(depth, bucket)]}
+        for key in sorted(self._shape, key=lambda kv: (kv[1], kv[0])):
+            out.setdefault(str(key[1]), {})[str(key[0])] = {"seconds": self._measured(key), "cycles": self._count[key]}
         return out
 
 

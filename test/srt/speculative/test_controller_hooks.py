@@ -60,7 +60,7 @@ class FakeClock:
 
 def test_best_depth_falls_with_batch_size_in_this_setup():
     # the test below then proves something: the best depth differs by batch size, and the
-    # runner-up rate is >= 4.7 % lower (more than the 2 % hysteresis)
+    # runner-up rate is >= 4.7 % lower (more than the 1 % hysteresis)
     assert best_depth(2) == 7 and best_depth(64) == 3
 
 
@@ -202,12 +202,25 @@ def test_plugin_adds_flag_and_hooks_upstream():
             parser.parse_args(["--model-path", "x", "--speculative-depth-controller", "greedy"])
         except SystemExit:
             print("REJECTED")
+        import os
+        from sglang.srt.speculative import eagle_utils
+        print("VERIFY_HOOKED", hasattr(eagle_utils.verify_tree_greedy_func, "__wrapped__"))
+        try:
+            prepare_server_args(["--model-path", "x", "--speculative-synthetic-acceptance", "0.8,0.5"])
+        except ValueError as exc:
+            print("REFUSED", "benchmark-only" in str(exc))
+        os.environ["SGLANG_HYBRID_BENCHMARK_MODE"] = "1"
+        prepare_server_args(["--model-path", "x", "--speculative-synthetic-acceptance", "0.8,0.5"])
+        print("SYNTHETIC", os.environ.get("SGLANG_HYBRID_SPEC_SYNTHETIC_ACCEPTANCE"))
         """
     )
     env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1")
-    env.pop(hooks.ENV, None)
+    for name in (hooks.ENV, "SGLANG_HYBRID_BENCHMARK_MODE", "SGLANG_HYBRID_SPEC_SYNTHETIC_ACCEPTANCE"):
+        env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ATTR fixed" in out.stdout
     assert "HOOKED True True" in out.stdout
     assert "REJECTED" in out.stdout
+    assert "VERIFY_HOOKED True" in out.stdout  # the benchmark-only controlled acceptance hook
+    assert "REFUSED True" in out.stdout and "SYNTHETIC 0.8,0.5" in out.stdout

@@ -28,7 +28,8 @@ def test_tiny_simulation_compares_every_policy_in_one_run():
     for row in out["results"]:
         rates = {name: r["tokens_per_s"] for name, r in row["policies"].items()}
         assert set(rates) == {f"fixed-k{k}" for k in range(8)} | {"ema-upstream", "ema-all-depths", "cycle-cost",
-                                                                  "oracle"}
+                                                                  "oracle", "oracle-saturated"}
+        assert row["summary"]["ours_vs_oracle"] == pytest.approx(rates["cycle-cost"] / rates["oracle"])
         best_fixed = max(v for n, v in rates.items() if n.startswith("fixed-"))
         assert rates["oracle"] >= 0.99 * best_fixed, row["scenario"]
         assert rates["cycle-cost"] >= 0.95 * rates["oracle"], row["scenario"]
@@ -51,6 +52,34 @@ def test_moe_roofline_cost_shape():
     assert ratio[1] > ratio[2] > ratio[3] and ratio[4] > ratio[3], ratio
 
 
+def test_h200_measured_cost_curve_is_loaded_and_interpolated():
+    import json
+
+    path = os.path.join(ROOT, "benchmark", "results", "2026-11-29-h200-spec_cycle_cost.json")
+    with open(path) as f:
+        data = json.load(f)
+    assert data["device"].startswith("NVIDIA H200") and data["complete"] and data["kda_kernel_impl"] == ["triton"]
+    cost = models.MeasuredCost(path)
+    rows = {(r["batch"], r["k"]): r["cycle_s"] for r in data["rows"]}
+    assert cost(3, 8) == rows[(8, 3)] and cost(0, 64) == rows[(64, 0)]  # grid points: the measurement
+    assert cost(5, 12) == pytest.approx((rows[(8, 5)] + rows[(16, 5)]) / 2)  # linear in the batch size
+    t = np.array([[cost(k, b) for k in range(8)] for b in (1, 2, 4, 8, 16, 32, 64)])
+    assert np.all(np.diff(t, axis=1) > 0) and np.all(np.diff(t, axis=0) > 0)  # more rows cost more
+    with pytest.raises(ValueError, match="outside"):
+        cost(1, 128)
+    assert "h200-k3" in sim.COSTS and any(sc.cost == "h200-k3" for sc in sim.SCENARIOS)
+
+
+def test_saturated_oracle_beats_per_step_oracle_on_a_mixed_closed_loop():
+    # requests that accept little stay longer in a saturated loop; the per-step oracle ignores it
+    sc = sim.Scenario("mixed-b16", "mixed", "linear", [(0, 16)])
+    cost = sim.COSTS["linear"]
+    step = sim.simulate(models.OraclePolicy(cost), sc, 600, 0)["tokens_per_s"]
+    saturated = sim.simulate(models.SaturatedOraclePolicy(cost), sc, 600, 0)["tokens_per_s"]
+    fixed1 = sim.simulate(models.FixedPolicy(1), sc, 600, 0)["tokens_per_s"]
+    assert saturated > step and saturated >= 0.999 * fixed1 and step < fixed1
+
+
 @pytest.mark.parametrize("slots_key", ["1", "8", "32"])
 def test_ema_reimplementation_matches_upstream_decisions(slots_key):
     """Outside oracle: upstream's own AdaptiveSpeculativeParams fed the same accept lengths."""
@@ -69,3 +98,23 @@ def test_ema_reimplementation_matches_upstream_decisions(slots_key):
         accept = (np.cumprod(rng.random((batch, k)) < p, axis=1).sum(axis=1) if k else np.zeros(batch, int))
         upstream.on_verify_complete(accept.tolist(), batch)
         ours.feedback(accept, k, [], 1.0, batch)
+
+
+def test_e2e_script_reads_the_controller_log_line():
+    from sglang_hybrid.speculative import DepthController
+
+    e2e = _load("e2e_cpu_depth")
+    from collections import Counter
+
+    ctl = DepthController(range(4))
+    for b, k in [(1, 3), (8, 1)]:
+        ctl.record_cycle_cost(k, b, 2e-3 * (k + 1))
+    ctl.chosen, ctl.cycles = {1: Counter({3: 2}), 8: Counter({1: 1})}, 3  # this test is about the format
+    parsed = e2e.parse_log_line("INFO ... " + ctl.format_log_line())
+    assert parsed["cycles"] == 3 and parsed["chosen"] == {k: n for k, n in {1: 1, 3: 2}.items()}
+    assert parsed["chosen_by_bucket"] == {1: {3: 2}, 8: {1: 1}}
+    assert parsed["cycle_ms"][1][3] == pytest.approx(8.0) and parsed["cycle_ms"][8][1] == pytest.approx(4.0)
+    assert len(parsed["acceptance_curve"]) == 3
+    assert e2e.diff_hist({1: {3: 5}, 8: {1: 4, 2: 1}}, {1: {3: 5}, 8: {1: 1}}) == {8: {1: 3, 2: 1}}
+    with pytest.raises(ValueError, match="line"):
+        e2e.parse_log_line("spec depth controller: nothing")

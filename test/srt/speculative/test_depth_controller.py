@@ -32,7 +32,7 @@ BASE_COSTS = {0: 0.70, 1: 0.80, 2: 0.90, 3: 1.00}  # ms; rates 1.43, 2.25, 2.73,
 
 def _reference_controller(t4: float, **kw) -> DepthController:
     syn = SyntheticAcceptance(REFERENCE, benchmark_mode=True)
-    ctl = DepthController(range(5), refresh_cycles=0, **kw)
+    ctl = DepthController(range(5), refresh_cycles=0, explore_z=0, **kw)  # the decision rule alone
     for _ in range(200):
         ctl.observe(syn.accept_lengths(4, GRID), 4)
     for k, t in {**BASE_COSTS, 4: t4}.items():
@@ -62,8 +62,8 @@ def test_select_depth_threshold_is_exactly_1_12(t4, expected):
     assert select_depth(committed, {**BASE_COSTS, 4: t4}) == expected
 
 
-def test_acceptance_near_zero_chooses_no_drafts():
-    ctl = DepthController(range(8), refresh_cycles=0)
+def _near_zero_history(**kw):
+    ctl = DepthController(range(8), refresh_cycles=0, **kw)
     costs = ParametricCycleCost(fixed=1e-3, per_draft=0.1e-3, per_row=0.01e-3)
     for k in range(8):
         ctl.record_cycle_cost(k, 16, costs(k, 16))
@@ -72,8 +72,16 @@ def test_acceptance_near_zero_chooses_no_drafts():
     for _ in range(100):
         history.append(ctl.choose_depth(16))
         ctl.observe(np.zeros(16, dtype=int), history[-1])
+    return history
+
+
+def test_acceptance_near_zero_chooses_no_drafts():
+    history = _near_zero_history(explore_z=0)  # the decision rule alone
     assert history[0] > 0  # the prior (c_1 = 0.5) makes drafting look worth a try
     assert set(history[3:]) == {0}, history  # then no speculation tax
+    # with the upper-confidence probes: k = 1 is looked at while c_1 is uncertain, then rarely
+    probing = _near_zero_history()
+    assert set(probing[3:]) <= {0, 1} and probing[3:].count(1) <= 6 and probing[-20:].count(1) <= 1, probing
 
 
 def test_acceptance_near_one_with_cheap_verify_chooses_k_max():
@@ -89,7 +97,7 @@ def test_acceptance_near_one_with_cheap_verify_chooses_k_max():
 
 def test_best_depth_falls_as_batch_grows():
     # verify cost grows with batch x (k + 1) rows (issue 7); acceptance c = 0.8 per position
-    ctl = DepthController(range(8), refresh_cycles=0)
+    ctl = DepthController(range(8), refresh_cycles=0, explore_z=0)
     syn = SyntheticAcceptance(np.cumprod([0.8] * 7), benchmark_mode=True)
     for _ in range(100):
         ctl.observe(syn.accept_lengths(7, GRID), 7)
@@ -104,7 +112,10 @@ def test_best_depth_falls_as_batch_grows():
 
 
 def test_hysteresis_keeps_depth_until_the_margin_is_exceeded():
-    ctl = _reference_controller(1.13, hysteresis=0.02)
+    def last_cycle_table():  # each cell holds its last cycle: the test moves T(4) alone
+        return CycleCostTable(range(5), smoothing=0.0, shape_memory=1)
+
+    ctl = _reference_controller(1.13, hysteresis=0.02, costs=last_cycle_table())
     assert ctl.choose_depth(8) == 3
     for t4, expected in [(1.11, 3), (1.10, 3), (1.08, 4), (1.13, 4), (1.14, 4), (1.15, 3)]:
         # up needs rate(4)/rate(3) = 1.12 / T4 > 1.02, i.e. T4 < 1.098: 1.11 and 1.10 stay, 1.08
@@ -113,7 +124,7 @@ def test_hysteresis_keeps_depth_until_the_margin_is_exceeded():
         for _ in range(60):  # let the cost EMA converge
             ctl.record_cycle_cost(4, 8, t4 * 1e-3)
         assert ctl.choose_depth(8) == expected, t4
-    flappy = _reference_controller(1.13, hysteresis=0.0)
+    flappy = _reference_controller(1.13, hysteresis=0.0, costs=last_cycle_table())
     assert flappy.choose_depth(8) == 3
     for _ in range(60):
         flappy.record_cycle_cost(4, 8, 1.11e-3)
@@ -140,7 +151,7 @@ def test_decay_follows_drift_and_no_decay_does_not():
     grid16 = (np.arange(16) + 0.5) / 16
 
     def run(**kw):
-        ctl = DepthController(range(5), acceptance=AcceptanceEstimator(4, **kw), refresh_cycles=0)
+        ctl = DepthController(range(5), acceptance=AcceptanceEstimator(4, **kw), refresh_cycles=0, explore_z=0)
         for k, t in {**BASE_COSTS, 4: 1.05}.items():
             ctl.record_cycle_cost(k, 16, t * 1e-3)
             ctl.record_cycle_cost(k, 16, t * 1e-3)
@@ -228,9 +239,40 @@ def test_cost_table_buckets_prior_scaling_and_outlier_clip():
     table = CycleCostTable([0, 1, 2], prior)
     table.record(0, 4, 2.0)  # measured 2x the prior in bucket 4
     assert table.estimate(2, 3) == pytest.approx(2.0 * prior(2, 4))  # unmeasured: prior x bucket scale
-    table.record(0, 4, 100.0)  # a stall: clipped to 3x the estimate before the EMA step
-    assert table.estimate(0, 4) == pytest.approx(2.0 + 0.1 * (6.0 - 2.0))
+    table.record(0, 4, 100.0)  # a stall: clipped to 3x the estimate (log residual log 3)
+    shape = math.log(2.0) + 0.5 * math.log(3.0)  # running mean of the 2 cycles' residuals
+    level = 0.5 * (math.log(6.0) - shape)  # the level takes half of what is left
+    assert table.estimate(0, 4) == pytest.approx(math.exp(level + shape))
     assert table.as_dict()["4"]["0"]["cycles"] == 2
+
+
+def test_cost_level_moves_all_depths_and_shape_keeps_long_memory():
+    table = CycleCostTable([0, 1])  # level smoothing 0.5, shape memory 200 cycles
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # both depths measured with 3 % noise: T(1) / T(0) = 1.2
+        table.record(0, 8, 1.0 * math.exp(0.03 * rng.standard_normal()))
+        table.record(1, 8, 1.2 * math.exp(0.03 * rng.standard_normal()))
+    assert table.estimate(1, 8) / table.estimate(0, 8) == pytest.approx(1.2, rel=0.015)
+    for _ in range(60):  # then only depth 0 runs, and everything gets 1.5x slower (longer context)
+        table.record(0, 8, 1.5 * math.exp(0.03 * rng.standard_normal()))
+    # depth 1, not run since, follows through the bucket level; the ratio keeps its long
+    # average (the running depth's shape soaks up ~2 % of the jump before the level has it).
+    # A per-cell EMA would leave depth 1 at 1.2 (a ratio of 0.8).
+    assert table.estimate(0, 8) == pytest.approx(1.5, rel=0.06)  # the level: about one cycle's noise
+    assert table.estimate(1, 8) == pytest.approx(1.8, rel=0.08)
+    assert table.estimate(1, 8) / table.estimate(0, 8) == pytest.approx(1.2, rel=0.025)
+    assert table.log_se(1, 8) == pytest.approx(table.noise / math.sqrt(50))
+    assert 0.02 < table.noise < 0.06 and table.log_se(1, 16) == math.inf
+
+
+def test_unmeasured_bucket_interpolates_between_measured_buckets():
+    prior = ParametricCycleCost(fixed=1.0, per_draft=0.0, per_row=0.0)  # 1 s everywhere
+    table = CycleCostTable([0, 1], prior)
+    table.record(0, 4, 2.0)  # bucket 4: 2x the prior
+    table.record(0, 64, 8.0)  # bucket 64: 8x the prior
+    assert table.estimate(1, 16) == pytest.approx(2.0 ** 2)  # log-linear in log2(bucket): midway
+    assert table.estimate(1, 1) == pytest.approx(2.0)  # below every measured bucket: the nearest
+    assert table.estimate(1, 256) == pytest.approx(8.0)
 
 
 def test_wall_clock_timer_attributes_intervals_to_decode_steps():
@@ -254,4 +296,4 @@ def test_metrics_and_log_line_report_histogram_curve_and_costs():
     assert m["acceptance_curve"] == pytest.approx(REFERENCE, abs=2e-3)
     assert m["cycle_cost_s"]["8"]["4"]["seconds"] == pytest.approx(1.11e-3)
     line = ctl.format_log_line()
-    assert "chosen k [4:5]" in line and "k4=1.11" in line
+    assert "chosen k [4:5]" in line and "by bucket [b8 4:5]" in line and "k4=1.11" in line
