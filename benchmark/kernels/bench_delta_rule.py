@@ -189,6 +189,28 @@ def check_correctness(results):
                     errs += [rel(oc[sl], refs[i][0]), rel(pc[s], refs[i][1])]
                 tag = "" if method == "sequential" else "parallel_" + ("bf16scratch_" if sd else "")
                 out[f"chunk_{tag}rel_err_{'tf32' if tf32 else 'fp32'}"] = max(errs)
+    # What serving runs: BF16 activations, method/tf32 left to "auto" (chunk-64 form with TF32 on CUDA),
+    # with checkpoints at chunk boundaries; FP64 reference on the same BF16-rounded inputs.
+    qb, kb, vb, fb, bb = (t.to(torch.bfloat16) for t in (qc, kc, vc, fc, bc))
+    pc, ck = poolc.clone(), torch.zeros(3, H, K, V, device=DEV)
+    ckpts = [(0, 256, 0), (2, 640, 1), (2, 1000, 2)]
+    ob = gated_delta_chunk_triton(qb, kb, vb, fb, bb, A, dtb, cu, pc, idc, gate="kda", lower_bound=LB,
+                                  checkpoints=ckpts, checkpoint_pool=ck)
+    errs = []
+    for i, s in enumerate(idc.tolist()):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        pos = [p for (seq, p, _) in ckpts if seq == i]
+        ro, rs, saved = gated_delta_recurrent(l2_norm(qb[sl].float()), l2_norm(kb[sl].float()), vb[sl].float(),
+                                              kda_gate(fb[sl].float(), A, dtb, LB), torch.sigmoid(bb[sl].float()),
+                                              initial_state=poolc[s], acc_dtype=torch.float64, save_positions=pos)
+        errs += [rel(ob[sl].float(), ro), rel(pc[s], rs)]
+        errs += [rel(ck[slot], saved[j]) for j, (_, _, slot) in enumerate([c for c in ckpts if c[0] == i])]
+    out["chunk_auto_bf16_serving_rel_err"] = max(errs)
+    from sgl_hybrid_kernel.dispatch import chosen_paths
+    from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk
+
+    choose_chunk(qb, vb, pc)
+    out["chunk_auto_bf16_choice"] = next((f"{c.impl}: {c.reason}" for c in chosen_paths() if c.op == "delta_rule_prefill"), None)
     results["correctness"] = out
     print("correctness", json.dumps(out))
 
