@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sgl_hybrid_kernel.norm import reference as norm_ref
-from sgl_hybrid_kernel.norm.rms_norm import MAX_D, rms_norm_triton
+from sgl_hybrid_kernel.norm.rms_norm_launch import MAX_D, rms_norm_triton
 
 
 def _fp64(x, w, eps, r=None):
@@ -51,3 +51,14 @@ def test_rms_norm_triton_zero_rows_and_bad_arguments():
         rms_norm_triton(torch.randn(2, 8), torch.ones(7), 1e-6)
     with pytest.raises(ValueError, match="residual"):
         rms_norm_triton(torch.randn(2, 8), w, 1e-6, residual=torch.randn(3, 8))
+
+
+def test_package_exports_the_reference_function_after_the_triton_wrapper_is_imported():
+    """``sgl_hybrid_kernel.norm.rms_norm`` stays the reference function: no submodule of that name
+    may shadow it once the Triton path has been imported."""
+    from sgl_hybrid_kernel.norm import dispatch  # noqa: F401  (imports the Triton wrapper)
+    from sgl_hybrid_kernel.norm import rms_norm
+
+    x, w = torch.randn(2, 8), torch.rand(8)
+    assert callable(rms_norm)
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)

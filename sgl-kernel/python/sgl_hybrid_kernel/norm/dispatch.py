@@ -31,7 +31,7 @@ from sgl_hybrid_kernel.delta_rule.dispatch import device_kind
 from sgl_hybrid_kernel.dispatch import KernelChoice, record_choice
 from sgl_hybrid_kernel.norm import reference as norm_ref
 from sgl_hybrid_kernel.norm.aiter_adapter import aiter_rms_norm_unsupported, fused_add_rms_norm_aiter, rms_norm_aiter
-from sgl_hybrid_kernel.norm.rms_norm import MAX_D, rms_norm_num_warps, rms_norm_triton
+from sgl_hybrid_kernel.norm.rms_norm_launch import MAX_D, rms_norm_num_warps, rms_norm_triton
 
 logger = logging.getLogger(__name__)
 

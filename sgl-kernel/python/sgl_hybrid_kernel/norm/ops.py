@@ -37,7 +37,7 @@ def _describe() -> str:
 
 def _impl(op: str, impl: str):
     from sgl_hybrid_kernel.norm import aiter_adapter
-    from sgl_hybrid_kernel.norm.rms_norm import rms_norm_triton
+    from sgl_hybrid_kernel.norm.rms_norm_launch import rms_norm_triton
 
     add = op == "fused_add_rms_norm"
     if impl == "torch":

@@ -1,4 +1,4 @@
-"""Triton RMSNorm, optionally after a residual add: one program per row (host wrapper: ``rms_norm.py``).
+"""Triton RMSNorm, optionally after a residual add: one program per row (host wrapper: ``rms_norm_launch.py``).
 
 Row ``r``: ``s = x[r] (+ residual[r])`` in FP32, ``residual_out[r] = s`` (rounded to
 its dtype), ``out[r] = s * rsqrt(mean(s^2) + eps) * w`` rounded once: the
