@@ -139,15 +139,3 @@ class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
         )
         self._track_decode_torch(forward_batch, conv_pool, ssm_pool, idx)
         return out
-
-    def _track_decode_torch(self, forward_batch, conv_pool, ssm_pool, idx):
-        """Copy the state of tracked rows to their checkpoint slots (upstream
-        does this with a Triton scatter; same semantics, per layer)."""
-        mask = forward_batch.mamba_track_mask
-        if mask is None or not bool(mask.any()):
-            return
-        rows = mask.nonzero(as_tuple=True)[0]
-        dst = self.forward_metadata.mamba_track_indices[rows].long()
-        src = idx[rows]
-        conv_pool[dst] = conv_pool[src]
-        ssm_pool[dst] = ssm_pool[src]
