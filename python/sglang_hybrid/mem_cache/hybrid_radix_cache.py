@@ -345,6 +345,11 @@ class HybridRadixCache(UnifiedRadixCache):
         serving: called by the scheduler: ``match_prefix`` restores host
             resume points and records metrics.
         chunked_prefill_size: the server's prefill chunk (tokens), informational.
+        max_checkpoints_per_path: per-path checkpoint cap applied when upstream's
+            ``--mamba-max-states-per-path`` is left unlimited (an explicit value there
+            wins); beyond it upstream's MAMBA component evicts the shallowest
+            single-child checkpoints of the path (interior ones: their KV stays).
+            ``None`` keeps upstream's setting. Raises ValueError if < 1.
     """
 
     def __init__(
@@ -360,6 +365,7 @@ class HybridRadixCache(UnifiedRadixCache):
         host_payload: bool = False,
         serving: bool = False,
         chunked_prefill_size: Optional[int] = None,
+        max_checkpoints_per_path: Optional[int] = None,
         **kwargs,
     ):
         overrides = dict(params.component_registry_override or {})
@@ -372,6 +378,12 @@ class HybridRadixCache(UnifiedRadixCache):
             raise ValueError(f"kv_bytes_per_token and state_bytes must be > 0, got {kv_bytes_per_token}, {state_bytes}")
         self.kv_bytes_per_token = int(kv_bytes_per_token)
         self.state_bytes = int(state_bytes)
+        if max_checkpoints_per_path is not None:
+            if max_checkpoints_per_path < 1:
+                raise ValueError(f"max_checkpoints_per_path must be >= 1, got {max_checkpoints_per_path}")
+            comp = self._mamba_component()
+            if comp.mamba_max_states_per_path < 0:  # upstream's --mamba-max-states-per-path left at "unlimited"
+                comp.mamba_max_states_per_path = int(max_checkpoints_per_path)
         self.device_budget_bytes = device_budget_bytes
         self.host_payload = HostPayloadStore(self) if host_payload and host_budget_bytes > 0 else None
         self.host = HostTier(

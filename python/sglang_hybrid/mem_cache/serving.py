@@ -33,6 +33,9 @@ HOST_FLAG = "--hybrid-host-cache-gb"
 HOST_ENV = "SGLANG_HYBRID_HOST_CACHE_GB"
 DEVICE_FLAG = "--hybrid-device-cache-gb"
 DEVICE_ENV = "SGLANG_HYBRID_DEVICE_CACHE_GB"
+# Per-path checkpoint cap on the server (issue #3, placement: "a per-path budget caps
+# checkpoints"); upstream's --mamba-max-states-per-path, when given, takes precedence.
+MAX_CHECKPOINTS_PER_PATH = 8
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
@@ -118,12 +121,15 @@ def hybrid_cache_factory(ctx):
             host_payload=True,
             serving=True,
             chunked_prefill_size=chunk if chunk and chunk > 0 else None,
+            max_checkpoints_per_path=MAX_CHECKPOINTS_PER_PATH,
         )
 
     cache = create_unified_radix_cache(ctx, cache_class=build)
     logger.info(
-        "hybrid cache: HybridRadixCache (KV %d B/token, checkpoint %d B, joint device budget %s, host tier %.3f GB)",
+        "hybrid cache: HybridRadixCache (KV %d B/token, checkpoint %d B, joint device budget %s, host tier %.3f GB, "
+        "checkpoints per path <= %d)",
         kv_b, st_b, "off" if device is None else f"{device} B", host / 1e9,
+        cache._mamba_component().mamba_max_states_per_path if hasattr(cache, "_mamba_component") else -1,
     )
     return cache
 

@@ -248,6 +248,32 @@ class TestHybridRadixCache(unittest.TestCase):
             hybrid_bad = build_cache("hybrid", 10, 2, page_size=PAGE, grid=GRID, kv_bytes_per_token=0)
 
 
+class TestPerPathCap(unittest.TestCase):
+    """A per-path checkpoint budget (issue #3, placement rule 3): upstream's path cap, defaulted by our cache."""
+
+    def _path_checkpoints(self, cache, key):
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(key)))
+        node, n = cache.tree_core.node_by_id(m.last_device_node), 0
+        while node is not None and node is not cache.tree_core.root_node:
+            n += node.component_data[ComponentType.MAMBA].value is not None
+            node = node.parent
+        return n
+
+    def test_checkpoints_along_one_path_are_capped(self):
+        key = toks(7, 640)
+        for cap, want in ((3, 3), (None, 10)):
+            cache, _, _ = build_cache("hybrid", 100_000, 40, page_size=PAGE, grid=GRID, max_checkpoints_per_path=cap)
+            for pos in range(64, 641, 64):  # ten checkpoints, each one deeper on the same path
+                self.assertTrue(cache.insert_checkpoint(key, pos))
+            self.assertEqual(self._path_checkpoints(cache, key), want, f"cap={cap}")
+            # the KV of the whole path stays (only states were evicted)
+            self.assertEqual(cache.match_prefix(MatchPrefixParams(key=RadixKey(key))).full_kv_hit_length, 640)
+
+    def test_bad_cap(self):
+        with self.assertRaises(ValueError):
+            build_cache("hybrid", 1000, 4, page_size=PAGE, grid=GRID, max_checkpoints_per_path=0)
+
+
 class TestDecodeEndGate(unittest.TestCase):
     """Serving path: a finished request's decode-time state is donated only while the
     'end' placement kind's hit rate predicts reuse (issue #3, placement rule 3)."""
