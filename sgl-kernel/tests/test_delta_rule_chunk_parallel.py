@@ -18,6 +18,7 @@ from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.kda import kda_gate
 from sgl_hybrid_kernel.norm import l2_norm
+from test_delta_rule_triton import _batch
 
 NAN = float("nan")
 LENS = [5, 64, 130, 77]
@@ -26,14 +27,8 @@ CKPTS = [(0, 5, 0), (1, 64, 1), (2, 16, 2), (2, 80, 3), (2, 128, 4), (2, 130, 5)
 
 
 def _inputs(gen, gate, H, HV, K, V):
-    N = sum(LENS)
-    q, k = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen)
-    v = torch.randn(N, HV, V, generator=gen)
-    f = torch.randn(N, HV, generator=gen) if gate == "gdn" else torch.randn(N, HV, K, generator=gen)
-    b = torch.randn(N, HV, generator=gen)
-    A = torch.rand(HV, generator=gen)
-    dtb = torch.randn(HV if gate == "gdn" else HV * K, generator=gen)
-    return q, k, v, f, b, A, dtb
+    """The packed ``LENS`` tokens, drawn as ``test_delta_rule_triton._batch`` draws a batch."""
+    return _batch(gen, 1, sum(LENS), H, HV, K, V, gate)
 
 
 @pytest.mark.parametrize("method", ["parallel", "sequential"])
