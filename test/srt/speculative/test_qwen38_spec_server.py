@@ -31,7 +31,6 @@ as Prometheus gauges on ``/metrics``.
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import unittest
@@ -44,6 +43,7 @@ from qwen38_oracle import Qwen38Oracle
 from sglang.test.test_utils import CustomTestCase
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from safetensors.torch import load_file, save_file
+from test_qwen38_server import random_ids, with_eos  # same prompt builders as the non-spec server test
 from tiny_model import _CACHE_DIR, tiny_qwen38
 
 EOS = 0
@@ -88,13 +88,6 @@ def generate(base_url, input_ids, max_new_tokens):
     return r.json()
 
 
-def random_ids(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(10, 900) for _ in range(n)]
-
-
-def with_eos(ids, every):
-    return [EOS if (i + 1) % every == 0 else t for i, t in enumerate(ids)]
 
 
 class TestQwen38SpecServer(CustomTestCase):
