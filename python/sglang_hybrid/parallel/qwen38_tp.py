@@ -37,6 +37,8 @@ load only its rows (``ShardSpec.ckpt_index``, as the Kimi K3 reference does).
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import os
 from typing import Iterable, Tuple
 
@@ -46,6 +48,8 @@ from torch import nn
 from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
 
 from sglang_hybrid.parallel.spec import ParallelSpec, shard_range
+
+logger = logging.getLogger(__name__)
 
 
 def _p(t: torch.Tensor) -> nn.Parameter:
@@ -142,6 +146,44 @@ def shard_moe(m, spec: ParallelSpec) -> None:
     _reduce_output(m, spec)
 
 
+# Sizes upstream's ``adjust_config_with_unaligned_cpu_tp`` pads on a CPU under --tp
+# (intermediates to a multiple of 32 * tp, KV heads to tp with the query heads
+# following), and the attribute where it keeps the checkpoint's own value.
+_CPU_TP_PADDED = (
+    ("num_attention_heads", "original_num_attention_heads"),
+    ("num_key_value_heads", "original_total_num_kv_heads"),
+    ("moe_intermediate_size", "original_moe_intermediate_size"),
+    ("shared_expert_intermediate_size", "original_shared_expert_intermediate_size"),
+    ("intermediate_size", "original_intermediate_size"),
+)
+
+
+def checkpoint_sized_config(text_config):
+    """``text_config`` with the checkpoint's own head counts and intermediate sizes.
+
+    On ``--device cpu`` upstream's model runner pads, before building the model,
+    the MoE / shared-expert intermediate sizes to a multiple of ``32 * tp`` and
+    the KV heads to ``tp`` (query heads scaled along), keeping the originals as
+    ``original_*`` attributes; its fused CPU kernels need the alignment, and its
+    weight loaders zero-fill the padding. The reference model runs the
+    checkpoint's shapes and handles a single KV head by replication
+    (``shard_qsa``), so it is built from the originals. Returns ``text_config``
+    itself when nothing was padded, else a shallow copy (the config upstream
+    keeps, which sizes the KV pool, is not changed).
+    """
+    restore = {}
+    for attr, original in _CPU_TP_PADDED:
+        value = getattr(text_config, original, None)
+        if value is not None and getattr(text_config, attr, None) != value:
+            restore[attr] = value
+    if not restore:
+        return text_config
+    cfg = copy.copy(text_config)
+    for attr, value in restore.items():
+        setattr(cfg, attr, value)
+    return cfg
+
+
 def shard_qwen38_text_model(model, spec: ParallelSpec):
     """Cut every GDN / QSA / MoE block of a loaded ``Qwen38TextModel`` to rank ``spec.tp_rank`` (in place).
 
@@ -165,6 +207,13 @@ def shard_qwen38_text_model(model, spec: ParallelSpec):
         else:
             shard_qsa(layer.self_attn, spec)
         shard_moe(layer.mlp, spec)
+    gdn = next((layer.linear_attn for layer in model.layers if layer.is_linear), None)
+    qsa = next((layer.self_attn for layer in model.layers if not layer.is_linear), None)
+    logger.info(
+        "qwen3.8 TP rank %d/%d: GDN key/value heads %s/%s, QSA query/KV heads %s/%s, MoE intermediate %d per rank",
+        spec.tp_rank, spec.tp_size, gdn and gdn.Hk, gdn and gdn.Hv, qsa and qsa.H, qsa and qsa.KV,
+        model.layers[0].mlp.inter,
+    )
     return model
 
 

@@ -42,6 +42,8 @@ from sglang_hybrid.models.qwen38.moe import Qwen38MoE
 from sglang_hybrid.models.qwen38.ple import PLELayer
 from sglang_hybrid.models.qwen38.precision import apply_precision_paths
 from sglang_hybrid.models.qwen38.qsa import Qwen38QSA
+from sglang_hybrid.parallel.qwen38_tp import checkpoint_sized_config, shard_qwen38_text_model
+from sglang_hybrid.parallel.spec import ParallelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -228,8 +230,11 @@ class Qwen38ReferenceForConditionalGeneration(nn.Module):
 
     ``forward(input_ids [N], positions [N], forward_batch)`` returns upstream's
     ``LogitsProcessorOutput``. Limits (each raises ``NotImplementedError`` at
-    construction): TP = 1, unquantized weights, text only, SiLU experts,
-    default 1-D RoPE. The MTP head (``mtp.*`` tensors) is
+    construction): unquantized weights, text only, SiLU experts,
+    default 1-D RoPE, ``--dcp-size 1``. ``--tp t`` (issue 8): the blocks are cut
+    to this rank after loading (``sglang_hybrid.parallel.qwen38_tp``; GDN heads
+    and their states, QSA query heads, MoE intermediate), the vocabulary is split
+    by upstream's layers (docs/parallelism.md). The MTP head (``mtp.*`` tensors) is
     :class:`sglang_hybrid.models.qwen38.mtp.Qwen38ReferenceMTP`; this class
     skips those tensors as upstream's target model does.
     """
@@ -238,12 +243,12 @@ class Qwen38ReferenceForConditionalGeneration(nn.Module):
         super().__init__()
         if quant_config is not None:
             raise NotImplementedError("the Qwen3.8 CPU reference model runs unquantized weights only")
-        from sglang.srt.runtime_context import get_parallel
-
-        if get_parallel().tp_size != 1:
-            raise NotImplementedError("the Qwen3.8 CPU reference model supports --tp 1 only")
+        # --tp t (issue 8): upstream's TP group; the vocabulary is split by upstream's
+        # VocabParallelEmbedding / ParallelLMHead, the blocks are cut after loading.
+        self.parallel = ParallelSpec.from_sglang()
         self.config = config
-        text = text_config_of(config)
+        # The checkpoint's head counts / intermediates (upstream pads them for its CPU TP kernels).
+        text = checkpoint_sized_config(text_config_of(config))
         self.text_config = text
         for op in ("qsa_attention", "qsa_select", "moe_routing", "moe_experts", "hyper_connection", "ple"):
             record_choice(op, "torch", "Qwen3.8 CPU reference model (plain-torch oracle)", log=logger)
@@ -287,5 +292,19 @@ class Qwen38ReferenceForConditionalGeneration(nn.Module):
             yield (("model." + name[len(CKPT_LM) :]) if name.startswith(CKPT_LM) else name), tensor
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
-        """Load upstream-named checkpoint tensors; raises ``ValueError`` on any mismatch."""
-        return load_checkpoint(self, self.target_weights(weights), self.checkpoint_mapping())
+        """Load upstream-named checkpoint tensors, then cut the blocks to this TP rank.
+
+        Under ``--tp t`` the whole checkpoint is loaded and then cut in place by
+        ``shard_qwen38_text_model`` (GDN heads and their states, QSA query heads,
+        MoE intermediate; docs/parallelism.md); the embedding and LM head are
+        vocab-split by upstream's layers while loading.
+
+        Raises:
+            ValueError: any checkpoint mismatch; a second load after the blocks
+                were cut (the cut shapes no longer match the checkpoint).
+        """
+        if getattr(self.model, "parallel", None) is not None and self.parallel.tp_size > 1:
+            raise ValueError("weights can be loaded once under --tp > 1 (the blocks are already cut)")
+        written = load_checkpoint(self, self.target_weights(weights), self.checkpoint_mapping())
+        shard_qwen38_text_model(self.model, self.parallel)
+        return written
