@@ -16,7 +16,10 @@ Sections (each writes ``DIR/kernels_<section>.json`` and survives the others fai
 * ``attn_res``: fused AttnRes + RMSNorm vs the unfused torch sequence, hidden 7168, 8 banked rows.
 * ``routing``: the two-launch routing vs a plain torch pipeline (scores, torch.topk,
   renormalise, sort + bincount + cumsum layout), Kimi K3 and Qwen configs, M = 5/40/64.
-* ``qsa``: dense special case vs sparse path at C32 x 5 verification positions, 2,000 visible tokens.
+* ``qsa``: dense special case vs sparse path at C32 x 5 verification positions, 2,000 visible tokens,
+  with the read-only gather ceiling of the same K/V bytes through the same page tables, the merge
+  launches alone, and (``QSA_PREV_KERNEL=file``: a previous ``triton_qsa.py`` + wrapper in one file)
+  the previous kernel's launches in the same run. ``--sweep`` adds partitions / tiles / merge kernels.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import traceback
 
 import torch
 import triton
+import triton.language as tl
 
 from sgl_hybrid_kernel.attn_res.fused import attn_res_rmsnorm_triton
 from sgl_hybrid_kernel.attn_res.fused_reference import attn_res_rmsnorm_reference
@@ -38,7 +42,7 @@ from sgl_hybrid_kernel.mla.attention import choose_num_splits, choose_tile, defa
 from sgl_hybrid_kernel.mla.reference import mla_attention_paged_reference
 from sgl_hybrid_kernel.moe.routing import fused_moe_routing_triton
 from sgl_hybrid_kernel.moe.routing_reference import expert_sorted_layout_reference, route_tokens_reference
-from sgl_hybrid_kernel.qsa.attention import choose_qsa_splits
+from sgl_hybrid_kernel.qsa.attention import choose_qsa_splits, dense_programs_per_sm
 from sgl_hybrid_kernel.qsa.attention import default_tile as qsa_tile
 from sgl_hybrid_kernel.qsa.attention import qsa_attention_triton
 from sgl_hybrid_kernel.qsa.reference import qsa_attention_reference
@@ -185,6 +189,15 @@ def sec_correctness():
     dq4 = qsa_attention_triton(qq, kc, vc, ptq, kvq, qoq, 0.088, Tq, 1, None, ratio, num_splits=4, **qsa_tile("cuda", False))
     out["qsa_dense_rel_err"], out["qsa_sparse_rel_err"] = rel(dq[0], refq[0]), rel(sq[0], refq[0])
     out["qsa_dense_4_partitions_rel_err"] = rel(dq4[0], refq[0])
+    for name, kw in (("dcp_merge", dict(merge_block_h=0)), ("qsa_merge_8_heads", dict(merge_block_h=8)),
+                     ("qsa_merge_3_partitions", dict(num_splits=3)),
+                     ("16_partitions", dict(num_splits=16))):  # 16: partitions past the short requests stay empty
+        nan_o = torch.full_like(dq[0], float("nan"))
+        kw = {**qsa_tile("cuda", False), "num_splits": 4, "block_indices": None, **kw}
+        got = qsa_attention_triton(qq, kc, vc, ptq, kvq, qoq, 0.088, Tq, 1, compress_ratio=ratio, out=nan_o, **kw)
+        out[f"qsa_dense_{name}_rel_err"] = rel(got[0], refq[0])
+        out[f"qsa_dense_{name}_lse_max_abs_err"] = float((got[1] - refq[1]).abs().max())
+    out["qsa_dense_lse_max_abs_err"] = float((dq[1] - refq[1]).abs().max())
     return out
 
 
@@ -374,6 +387,35 @@ def sec_routing(sweep=False):
 
 
 # ----------------------------------------------------------------------------- QSA
+@triton.jit
+def _paged_gather_read_kernel(k_ptr, v_ptr, pt_ptr, sink_ptr, L, stride_pt, stride_s, NUM_SPLITS: tl.constexpr,
+                              HEAD_COLS: tl.constexpr, BLOCK_N: tl.constexpr, NS: tl.constexpr):
+    """Read-only ceiling of the dense walk's bytes: each K/V row of request ``b`` (``HEAD_COLS`` columns of
+    the slot row, from column ``h * HEAD_COLS``) gathered through the page table, summed, one FP32 per program."""
+    b, h, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, HEAD_COLS)
+    split_len = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = sp * split_len
+    hi = tl.minimum(lo + split_len, L)
+    acc = tl.zeros([BLOCK_N, HEAD_COLS], tl.float32)
+    for j0 in tl.range(lo, hi, BLOCK_N, num_stages=NS):
+        pos = j0 + offs_n
+        ok = pos < hi
+        slot = tl.load(pt_ptr + b * stride_pt + pos, mask=ok, other=0).to(tl.int64)
+        off = slot[:, None] * stride_s + h * HEAD_COLS + offs_c[None, :]
+        acc += tl.load(k_ptr + off, mask=ok[:, None], other=0.0).to(tl.float32)
+        acc += tl.load(v_ptr + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(sink_ptr + (b * tl.num_programs(1) + h) * NUM_SPLITS + sp, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+QSA_DENSE_SWEEP = (  # (splits, block_n, warps, stages, merge): merge 0 = DCP merge kernel, h = qsa_merge_kernel, h heads
+    [(s, bn, w, st, m) for s in (3, 4, 8) for bn, w, st in ((32, 4, 2), (64, 4, 3)) for m in (0, 4)]
+    + [(s, bn, w, st, 4) for s in (2, 16) for bn, w, st in ((32, 4, 2), (64, 4, 3))]
+    + [(4, 64, 4, 2, 4), (4, 64, 8, 3, 4), (4, 64, 4, 3, 8)]
+)
+
+
 def sec_qsa(sweep):
     rows = []
     B, T, Hq, Hkv, Dh, ratio, L = 32, 5, 24, 2, 128, 4, 2000
@@ -397,31 +439,85 @@ def sec_qsa(sweep):
         return graph_time_us(lambda r: qsa_attention_triton(q, kc, vc, tables[r], kv, qo, 0.088, T, 1, indices, ratio,
                                                             out=o, lse_out=lse, num_splits=splits, **tile), rot)
 
-    auto = choose_qsa_splits(B * Hkv, L)  # what qsa.dispatch picks
+    dense_tile = qsa_tile("cuda", False)
+    auto = choose_qsa_splits(B * Hkv, L, programs_per_sm=dense_programs_per_sm("cuda"))  # what qsa.dispatch picks
     auto_sparse = choose_qsa_splits(B * T * Hkv, idx.shape[1] * ratio)
-    dense = run(None, auto, **qsa_tile("cuda", False))
-    dense1 = run(None, 1, **qsa_tile("cuda", False))
+    # the previous default dense launch (8 partitions, 32-position tile, DCP merge): same-run reference point
+    dense_previous = run(None, 8, block_n=32, num_warps=4)
+    dense = run(None, auto, **dense_tile)
+    dense1 = run(None, 1, **dense_tile)
     sparse = run(idx, auto_sparse, **qsa_tile("cuda", True))
-    # the second launch of the split dense path alone (LSE merge of the FP32 partials)
+    dense_again = run(None, auto, **dense_tile)  # repeat: the spread between two timings of one version
+    sparse_again = run(idx, auto_sparse, **qsa_tile("cuda", True))
+    kv_bytes = B * L * Hkv * Dh * 2 * 2  # K and V of every visible position read once (BF16)
+    # ceilings: the same K/V bytes gathered through the same (random, page size 1) tables, read-only
+    sink = torch.empty(B * Hkv * 64, device=DEV)
+    ceil = {}
+    for both_heads in (False, True):  # one program per KV head (256 B of each slot row) or per slot row (512 B)
+        for splits in (8, 16, 32):
+            for ns in (1, 3):
+                heads = 1 if both_heads else Hkv
+                ceil[f"gather_{'slot_row' if both_heads else 'head_row'}_s{splits}_ns{ns}"] = graph_time_us(
+                    lambda r: _paged_gather_read_kernel[(B, heads, splits)](
+                        kc, vc, tables[r], sink, L, tables[r].stride(0), kc.stride(0), NUM_SPLITS=splits,
+                        HEAD_COLS=Dh * (2 if both_heads else 1), BLOCK_N=32, NS=ns, num_warps=8 if both_heads else 4), rot)
+    seq = torch.arange(B * 2048, device=DEV, dtype=torch.int32).view(B, 2048)
+    ceil["gather_contiguous_s16_ns3"] = graph_time_us(
+        lambda r: _paged_gather_read_kernel[(B, Hkv, 16)](kc[r * B * 2048:], vc[r * B * 2048:], seq, sink, L, seq.stride(0),
+                                                         kc.stride(0), NUM_SPLITS=16, HEAD_COLS=Dh, BLOCK_N=32, NS=3), rot)
+    best_ceiling = min(v for k, v in ceil.items() if not k.startswith("gather_contiguous"))
+    # the second launch of the split dense path alone (LSE merge of the FP32 partials), both merge kernels
     from sgl_hybrid_kernel.dcp.merge import merge_partials_strided
+    from sgl_hybrid_kernel.qsa.triton_qsa import qsa_merge_kernel
 
-    part = torch.randn(B * T, Hq, auto, Dh, device=DEV)
-    part_lse = torch.randn(B * T, Hq, auto, device=DEV)
-    merge_only = graph_time_us(lambda r: merge_partials_strided(part, part_lse, o, lse, split_dim=2), rot)
-    row = dict(B=B, T=T, q_heads=Hq, kv_heads=Hkv, head_dim=Dh, visible=L, dense_splits=auto, dense_us=dense,
-               dense_one_partition_us=dense1, sparse_splits=auto_sparse, sparse_us=sparse,
-               speedup_dense_vs_sparse=sparse / dense, dense_merge_launch_only_us=merge_only)
+    merge = {}
+    for S in (2, 4, 8, 16):
+        part = torch.randn(B * T, Hq, S, Dh, device=DEV)
+        part_lse = torch.randn(B * T, Hq, S, device=DEV)
+        merge[f"dcp_merge_s{S}"] = graph_time_us(lambda r: merge_partials_strided(part, part_lse, o, lse, split_dim=2), rot)
+        for bh in (4, 8):
+            merge[f"qsa_merge_s{S}_h{bh}"] = graph_time_us(lambda r: qsa_merge_kernel[(B * T, triton.cdiv(Hq, bh))](
+                part, part_lse, o, lse, Hq, S, part.stride(0), part.stride(1), part_lse.stride(0), part_lse.stride(1),
+                o.stride(0), o.stride(1), lse.stride(0), DV=Dh, BLOCK_S=triton.next_power_of_2(S), BLOCK_H=bh,
+                num_warps=4), rot)
+    row = dict(B=B, T=T, q_heads=Hq, kv_heads=Hkv, head_dim=Dh, visible=L, dense_splits=auto, dense_tile=dense_tile,
+               dense_us=dense, dense_repeat_us=dense_again, dense_previous_default_us=dense_previous,
+               dense_one_partition_us=dense1, sparse_splits=auto_sparse, sparse_us=sparse, sparse_repeat_us=sparse_again,
+               speedup_dense_vs_sparse=sparse / dense, speedup_repeat=sparse_again / dense_again,
+               kv_bytes=kv_bytes, gather_ceiling_us=best_ceiling, gather_ceiling_tbs=kv_bytes / best_ceiling / 1e6,
+               dense_tbs=kv_bytes / dense / 1e6, ceilings_us=ceil, merge_launch_only_us=merge)
+    prev_path = os.environ.get("QSA_PREV_KERNEL")  # a previous kernel + wrapper file: its launches in this run
+    if prev_path:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("qsa_prev_kernel", prev_path)
+        prev = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(prev)
+
+        def run_prev(indices, splits, **tile):
+            return graph_time_us(lambda r: prev.qsa_attention_triton(q, kc, vc, tables[r], kv, qo, 0.088, T, 1, indices, ratio,
+                                                                     out=o, lse_out=lse, num_splits=splits, **tile), rot)
+
+        row["prev_kernel"] = os.path.basename(prev_path)
+        row["prev_kernel_sparse_us"] = run_prev(idx, auto_sparse, **prev.default_tile("cuda", True))
+        row["prev_kernel_dense_us"] = run_prev(None, 8, **prev.default_tile("cuda", False))
+        row["sparse_after_prev_us"] = run(idx, auto_sparse, **qsa_tile("cuda", True))
     if sweep:
         sw = {}
-        for splits in (4, 8):
-            for bn, w, st in ((32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 3), (16, 4, 3), (32, 8, 3), (16, 4, 4)):
-                sw[f"dense_splits{splits}_bn{bn}_w{w}_s{st}"] = run(None, splits, block_n=bn, num_warps=w, num_stages=st)
-        for splits in (1, 2, 4):
-            for bn, w, st in ((32, 4, 2), (64, 4, 2), (32, 4, 3), (16, 4, 3)):
-                sw[f"sparse_splits{splits}_bn{bn}_w{w}_s{st}"] = run(idx, splits, block_n=bn, num_warps=w, num_stages=st)
+        for splits, bn, w, st, mb in QSA_DENSE_SWEEP:
+            key = f"dense_s{splits}_bn{bn}_w{w}_st{st}_m{mb}"
+            try:
+                sw[key] = run(None, splits, block_n=bn, num_warps=w, num_stages=st, merge_block_h=mb)
+            except Exception as exc:  # e.g. out of shared memory: recorded, not fatal
+                sw[key] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        for splits in (2, 4):
+            for bn, w, st in ((32, 4, 2), (64, 4, 2)):
+                sw[f"sparse_s{splits}_bn{bn}_w{w}_st{st}"] = run(idx, splits, block_n=bn, num_warps=w, num_stages=st)
         row["sweep_us"] = sw
-        row["best_dense_us"] = min(v for k, v in sw.items() if k.startswith("dense"))
-        row["best_sparse_us"] = min(v for k, v in sw.items() if k.startswith("sparse"))
+        timed = {k: v for k, v in sw.items() if isinstance(v, float)}
+        row["best_dense"] = min((v, k) for k, v in timed.items() if k.startswith("dense"))
+        row["best_sparse"] = min((v, k) for k, v in timed.items() if k.startswith("sparse"))
+        print("qsa sweep", json.dumps(sorted(((round(v, 2), k) for k, v in timed.items())), indent=0), flush=True)
     rows.append(row)
     print("qsa", json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items() if k != "sweep_us"}), flush=True)
     return rows

@@ -80,6 +80,7 @@ def test_guards_choose_the_sparse_path_outside_the_exact_contract():
     from sgl_hybrid_kernel.qsa.attention import choose_qsa_splits
 
     assert choose_qsa_splits(64, 2000) == 8 and choose_qsa_splits(320, 2048) == 2 and choose_qsa_splits(64, 200) == 1
+    assert choose_qsa_splits(64, 2000, programs_per_sm=2) == 4  # the CUDA dense tile: 2 programs per SM
     assert choose_qsa_path(32, 2048, 5, 12)[0] == "dense"
     assert choose_qsa_path(32, 2049, 5, 12)[0] == "sparse"  # more visible positions than the budget
     assert choose_qsa_path(32, 1000, 6, 12)[0] == "sparse"  # 72 rows > 64-row tile
@@ -114,6 +115,11 @@ def test_split_partitions_with_empty_ones_and_an_empty_row_match_reference():
     kv_lens[3] = 3  # request 3: its first query row sees nothing (kv_len - T + 0 < 0)
     ref = qsa_attention_reference(q, k, v, pt, kv_lens, qo, 0.25, PS)
     out = (torch.full((16, HQ, DV), float("nan")), torch.full((16, HQ), float("nan")))
-    got = qsa_attention_triton(q, k, v, pt, kv_lens, qo, 0.25, T, PS, None, RATIO, *out, block_n=4, num_splits=4)
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[0][12], torch.zeros(HQ, DV)) and torch.isneginf(got[1][12]).all()
+    # the partials merged by the DCP kernel and by qsa_merge_kernel (4 heads per program: the second block of 6
+    # heads is half masked; 3 partitions pad to 4)
+    for splits, merge in ((4, {}), (3, dict(merge_block_h=4))):
+        out = (torch.full((16, HQ, DV), float("nan")), torch.full((16, HQ), float("nan")))
+        got = qsa_attention_triton(q, k, v, pt, kv_lens, qo, 0.25, T, PS, None, RATIO, *out, block_n=4, num_splits=splits,
+                                   **merge)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[0][12], torch.zeros(HQ, DV)) and torch.isneginf(got[1][12]).all()

@@ -8,28 +8,39 @@ import torch
 import triton
 
 from sgl_hybrid_kernel.dcp.merge import merge_partials_strided
-from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel
+from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel, qsa_merge_kernel
 
 DENSE_TILE_ROWS = 64
 
 
-def choose_qsa_splits(programs: int, positions: int, num_sms: int = 132, min_positions: int = 128) -> int:
+def choose_qsa_splits(programs: int, positions: int, num_sms: int = 132, min_positions: int = 128,
+                      programs_per_sm: int = 6) -> int:
     """Partitions of each program's key range (dense: the causal prefix; sparse: the selection list).
 
-    The largest power of two ``<= 6 * SMs / programs``, each partition keeping at
-    least ``min_positions``; from the H200 sweep at C32 x 5 positions, 2 KV heads,
-    2,000 visible positions: dense 64 programs -> 8 partitions (35.5 us vs 83.7
-    with one), sparse 320 programs -> 2 (89.7 us vs 209.5 with one).
+    The largest power of two ``<= programs_per_sm * SMs / programs``, each partition keeping at
+    least ``min_positions``. ``programs_per_sm``: programs of the tile resident on one SM
+    (``dense_programs_per_sm`` for the dense walk). H200 sweeps at C32 x 5 positions, 2 KV heads,
+    2,000 visible positions: sparse (320 programs, 6) -> 2 partitions (89.7 us vs 209.5 with one);
+    dense with the 64-position 3-stage tile (82 KB of shared memory, 2 per SM; 64 programs) -> 4
+    (32.9 us; 2 / 8 / 16 partitions: 42.1 / 37.6 / 49.1 us; issue 5, 2026-11-29 sweep).
     """
-    target = max(1, (6 * num_sms) // max(programs, 1))
+    target = max(1, (programs_per_sm * num_sms) // max(programs, 1))
     return max(1, min(1 << (target.bit_length() - 1), max(1, positions // min_positions), 64))
 
 
+def dense_programs_per_sm(platform: str) -> int:
+    """Programs of the default dense tile resident per SM / CU (``choose_qsa_splits``'s ``programs_per_sm``):
+    2 for the CUDA tile (82 KB of shared memory each), else 6 as for the sparse walk."""
+    return 2 if platform == "cuda" else 6
+
+
 def default_tile(platform: str, sparse: bool) -> dict:
-    """``block_n`` / ``num_warps`` per platform and walk: the fastest spill-free configs of the H200
-    sweep on CUDA, the compile gate's spill-free configs on CDNA."""
+    """Launch options per platform and walk. CUDA: the fastest configs of the H200 sweeps
+    (dense: 64-position tile, 3 stages, 82 KB shared memory, no spills at the launch's
+    divisibility specialisation; partitions merged by ``qsa_merge_kernel``, 4 heads per program);
+    CDNA: the compile gate's spill-free configs (DCP merge)."""
     if platform == "cuda":
-        return dict(block_n=32, num_warps=4)
+        return dict(block_n=32, num_warps=4) if sparse else dict(block_n=64, num_warps=4, num_stages=3, merge_block_h=4)
     return dict(block_n=16, num_warps=4) if sparse else dict(block_n=16, num_warps=8)
 
 
@@ -51,13 +62,16 @@ def qsa_attention_triton(
     num_warps: int = 4,
     num_stages: int = 2,
     num_splits: int = 1,
+    merge_block_h: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``qsa_attention_reference``.
 
     ``block_indices=None`` takes the dense walk (one program per request and KV
     head, all ``max_seqlen_q x G`` rows in one tile); otherwise the sparse walk
     (one program per query row and KV head). ``num_splits > 1`` splits each
-    program's key range into partitions merged by their LSE (FP32 workspace).
+    program's key range into partitions merged by their LSE (FP32 workspace):
+    by ``qsa_merge_kernel`` (``merge_block_h`` heads per program) or, with
+    ``merge_block_h=0``, by the DCP merge kernel.
 
     Raises:
         ValueError: dense walk with ``max_seqlen_q * G > 64`` rows, head dims not
@@ -106,6 +120,12 @@ def qsa_attention_triton(
         G=G, D=D, DV=DV, PAGE_SIZE=page_size, RATIO=compress_ratio, TPP=tpp, BLOCK_M=rows, BLOCK_N=block_n,
         SPARSE=sparse, num_warps=num_warps, num_stages=num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and merge_block_h and lse_out.stride(1) == 1:  # qsa_merge_kernel indexes LSE heads densely
+        qsa_merge_kernel[(N, triton.cdiv(Hq, merge_block_h))](
+            part, part_lse, out, lse_out, Hq, num_splits, part.stride(0), part.stride(1), part_lse.stride(0),
+            part_lse.stride(1), out.stride(0), out.stride(1), lse_out.stride(0),
+            DV=DV, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_H=merge_block_h, num_warps=4,
+        )
+    elif num_splits > 1:
         merge_partials_strided(part, part_lse, out, lse_out, split_dim=2)
     return out, lse_out

@@ -18,7 +18,13 @@ import torch
 
 from sgl_hybrid_kernel.delta_rule.dispatch import device_kind
 from sgl_hybrid_kernel.dispatch import record_choice
-from sgl_hybrid_kernel.qsa.attention import DENSE_TILE_ROWS, choose_qsa_splits, default_tile, qsa_attention_triton
+from sgl_hybrid_kernel.qsa.attention import (
+    DENSE_TILE_ROWS,
+    choose_qsa_splits,
+    default_tile,
+    dense_programs_per_sm,
+    qsa_attention_triton,
+)
 from sgl_hybrid_kernel.qsa.reference import qsa_attention_reference
 
 logger = logging.getLogger(__name__)
@@ -88,7 +94,7 @@ def qsa_attention(
         if indices is not None:
             splits = choose_qsa_splits(q.shape[0] * Hkv, indices.shape[1] * compress_ratio)
         else:
-            splits = choose_qsa_splits(kv_lens.shape[0] * Hkv, max_kv_len)
+            splits = choose_qsa_splits(kv_lens.shape[0] * Hkv, max_kv_len, programs_per_sm=dense_programs_per_sm(kind))
         return qsa_attention_triton(q, k_cache, v_cache, page_table, kv_lens, qo_indptr, sm_scale, max_seqlen_q,
                                     page_size, indices, compress_ratio, num_splits=splits, **default_tile(kind, indices is not None))
     reason = "CPU tensors: plain-torch reference" if kind == "cpu" else f"outside the Triton contract: head dims {D}, {DV}"

@@ -11,8 +11,9 @@ One kernel, two walks (``SPARSE`` constexpr), grid ``(query groups, KV heads, sp
   the page table densely over the causal prefix: each K/V tile is read once and
   shared by the request's verification queries (seeds digest item 13). Few
   requests x KV heads leave the GPU idle, so the prefix is split into
-  ``NUM_SPLITS`` partitions (grid axis 2) whose partials are merged by their LSE
-  (``dcp.triton_merge``); the sparse walk can split its selection list the same way.
+  ``NUM_SPLITS`` partitions (grid axis 2) whose FP32 partials are merged by their LSE
+  in a second launch (``qsa_merge_kernel``: one ``[heads, partitions, DV]`` load per
+  program, or ``dcp.triton_merge``); the sparse walk can split its selection list the same way.
 
 Online softmax in base 2, FP32 accumulators; ``(0, -inf)`` for a row that sees nothing.
 """
@@ -131,3 +132,47 @@ def qsa_attention_kernel(
     o_row = o_ptr + n_row * stride_on + head * stride_oh + split * stride_os
     tl.store(o_row[:, None] + offs_v[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(lse_ptr + n_row * stride_ln + head * stride_lh + split * stride_ls, lse, mask=row_ok)
+
+
+@triton.jit
+def qsa_merge_kernel(
+    part_ptr,  # [N, Hq, S, DV] FP32 partials (last two dims contiguous)
+    part_lse_ptr,  # [N, Hq, S] FP32 (natural log)
+    o_ptr,  # [N, Hq, DV]
+    lse_ptr,  # [N, Hq] FP32
+    Hq,
+    S,
+    stride_pn,
+    stride_ph,
+    stride_ln,
+    stride_lh,
+    stride_on,
+    stride_oh,
+    stride_lon,
+    DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """LSE merge of the dense walk's ``S`` partitions: one program per (row, ``BLOCK_H`` heads), every
+    partial of the block read in one ``[BLOCK_H, BLOCK_S, DV]`` load; empty partitions (``-inf``) weigh 0 and
+    their outputs are never read into the sum; an all-empty row stores ``(0, -inf)``."""
+    n = tl.program_id(0).to(tl.int64)
+    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = hs < Hq
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_v = tl.arange(0, DV)
+    ls = tl.load(part_lse_ptr + n * stride_ln + hs[:, None] * stride_lh + offs_s[None, :], mask=hm[:, None] & (offs_s < S)[None, :],
+                 other=float("-inf"))
+    m = tl.max(ls, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(ls == float("-inf"), 0.0, tl.exp(ls - m_safe[:, None]))  # [BLOCK_H, S]
+    part = tl.load(part_ptr + n * stride_pn + hs[:, None, None] * stride_ph + offs_s[None, :, None] * DV
+                   + offs_v[None, None, :], mask=(w > 0.0)[:, :, None], other=0.0)
+    acc = tl.sum(part * w[:, :, None], axis=1)
+    total = tl.sum(w, axis=1)
+    has = total > 0.0
+    t_safe = tl.where(has, total, 1.0)
+    out = tl.where(has[:, None], acc / t_safe[:, None], 0.0)
+    tl.store(o_ptr + n * stride_on + hs[:, None] * stride_oh + offs_v[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=hm[:, None])
+    tl.store(lse_ptr + n * stride_lon + hs, tl.where(has, m_safe + tl.log(t_safe), float("-inf")), mask=hm)
