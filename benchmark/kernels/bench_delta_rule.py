@@ -423,10 +423,184 @@ def bench_prefill(results):
     results["prefill"] = rows
 
 
+GROUP_SCAN_SHAPES = ((1, 4096), (1, 65536))
+# chunks of 64 tokens per group; None = chunk_group_scan.auto_group_chunks for this device
+GROUP_SCAN_CHUNKS = {4096: (None, 4, 8, 16), 65536: (None, 32, 64, 128)}
+
+
+def _kernel_us(fn, calls=3):
+    """Per-call device time of each kernel launched by ``fn`` (profiler), and their sum in µs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per = {e.key: e.device_time_total / calls for e in prof.key_averages() if e.device_time_total > 0}
+    return per, sum(per.values())
+
+
+def bench_group_scan(results):
+    """Group-scan mode of the chunk-64 prefill (issue 4) vs the plain chunk-64 pass vs fla chunk_kda,
+    Kimi K3 TP8 (12 KDA heads x 128, safe gate), B=1, BF16 activations, TF32 products, BF16
+    intermediates; eager (do_bench median) and the profiler's sum of kernel times."""
+    from fla.ops.kda import chunk_kda
+
+    from sgl_hybrid_kernel.delta_rule import chunk_group_scan as gs_mod
+    from sgl_hybrid_kernel.delta_rule.chunk_group_scan import auto_group_chunks
+
+    rows = []
+    H, K, V = 12, 128, 128
+    A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
+    cus = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, T in GROUP_SCAN_SHAPES:
+        N = B * T
+        q, k, v = (torch.randn(N, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
+        f = torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16)
+        b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
+        cu = torch.arange(0, N + 1, T, device=DEV, dtype=torch.int32)
+        pool0 = torch.randn(B, H, K, V, device=DEV) * 0.1
+        pool = pool0.clone()
+        idx = torch.arange(B, device=DEV, dtype=torch.int32)
+        base = dict(gate="kda", lower_bound=LB, method="parallel", tf32=True, scratch_dtype=torch.bfloat16)
+        auto = auto_group_chunks([T] * B, H, V, 16, cus)
+        row = dict(op="kda_chunk_prefill_group_scan", B=B, T=T, H=H, K=K, V=V, auto_group_chunks=auto, variants={})
+        variants = [("plain", dict(group_scan=False), None)]
+        variants += [(f"group_scan_L{gc or auto}{'_auto' if gc is None else ''}", dict(group_scan=True, group_chunks=gc or auto),
+                      None) for gc in GROUP_SCAN_CHUNKS[T] if (gc or auto)]
+        # 32-column state / summary tiles (half the re-reads of w, k and G; sm_90 KDA state pass spill-free at 32)
+        lbig = GROUP_SCAN_CHUNKS[T][2]
+        variants += [("plain_bv32", dict(group_scan=False, value_tile=32), None),
+                     (f"group_scan_L{lbig}_bv32", dict(group_scan=True, group_chunks=lbig, value_tile=32), 32)]
+        outs = {}
+        for name, kw, sbv in variants:
+            gs_mod.SUMMARY_BV_OVERRIDE = sbv
+            call = lambda: gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, **base, **kw)  # noqa: E731
+            try:
+                ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+                ms2 = triton.testing.do_bench(call, warmup=10, rep=200, return_mode="median")
+                per, tot = _kernel_us(call)
+            except Exception as exc:
+                print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
+                continue
+            pool.copy_(pool0)
+            o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, **base, **kw)
+            outs[name] = (o.float(), pool.clone())
+            row["variants"][name] = dict(ms=ms, ms_repeat=ms2, mtok_s=N / (ms * 1e-3) / 1e6, kernel_sum_us=tot,
+                                         kernel_us_per_call=per, **{a: str(x) for a, x in kw.items()})
+            print(B, T, name, f"{ms:.3f} ms (repeat {ms2:.3f})", f"kernels {tot:.1f} us", f"{N / (ms * 1e-3) / 1e6:.2f} Mtok/s",
+                  flush=True)
+        gs_mod.SUMMARY_BV_OVERRIDE = None
+        cu64 = cu.long()
+
+        def fla_call():
+            return chunk_kda(q.view(1, N, H, K), k.view(1, N, H, K), v.view(1, N, H, V), f.view(1, N, H, K), b.view(1, N, H),
+                             scale=K ** -0.5, initial_state=pool, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                             use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LB,
+                             A_log=A, dt_bias=dtb, cu_seqlens=cu64)
+
+        try:
+            fms = triton.testing.do_bench(fla_call, warmup=100, rep=500, return_mode="median")
+            fper, ftot = _kernel_us(fla_call)
+            row.update(fla_ms=fms, fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot)
+            pool.copy_(pool0)
+            o_fla, s_fla = fla_call()
+            o_fla = o_fla.view(N, H, V).float()
+        except Exception as exc:
+            o_fla = None
+            row.update(fla_ms=None)
+            print("fla chunk", type(exc).__name__, str(exc)[:300])
+        for name, (o, s) in outs.items():
+            r = row["variants"][name]
+            if row.get("fla_ms"):
+                r["vs_fla"] = row["fla_ms"] / r["ms"]
+                r["kernel_sum_vs_fla"] = row["fla_kernel_sum_us"] / r["kernel_sum_us"]
+            if "plain" in row["variants"]:
+                r["vs_plain"] = row["variants"]["plain"]["ms"] / r["ms"]
+                r["rel_diff_o_vs_plain"] = rel(o, outs["plain"][0])
+                r["rel_diff_state_vs_plain"] = rel(s, outs["plain"][1])
+            if o_fla is not None:
+                r["rel_diff_o_vs_fla"] = rel(o, o_fla)
+                r["rel_diff_state_vs_fla"] = rel(s, s_fla)
+        if T == 4096:  # long memory (raw gate - 6: decay ~0.99 per token): group scan vs plain vs FP64 recurrence
+            fl = f - 6.0
+            cks = [(0, 1024, 0), (0, 1040, 1), (0, 2048, 2), (0, T, 3)]
+            s0 = (torch.randn(H, K, V, device=DEV) * 0.1)
+            ro, rS, rck = gated_delta_recurrent(l2_norm(q.float()), l2_norm(k.float()), v.float(), kda_gate(fl.float(), A, dtb, LB),
+                                                torch.sigmoid(b.float()), initial_state=s0, acc_dtype=torch.float64,
+                                                save_positions=[p for _, p, _ in cks])
+            lm = {}
+            for name, kw in (("plain", dict(group_scan=False)), ("group_scan_L4", dict(group_scan=True, group_chunks=4)),
+                             ("group_scan_L16", dict(group_scan=True, group_chunks=16))):
+                cp = torch.full((len(cks), H, K, V), float("nan"), device=DEV)
+                pool[0] = s0
+                o = gated_delta_chunk_triton(q, k, v, fl, b, A, dtb, cu, pool, idx, checkpoints=cks, checkpoint_pool=cp, **base, **kw)
+                lm[name] = dict(rel_o_vs_fp64=rel(o, ro), rel_state_vs_fp64=rel(pool[0], rS),
+                                rel_ckpt_vs_fp64=max(rel(cp[i], rck[i]) for i in range(len(cks))), ckpt_nan=bool(cp.isnan().any()),
+                                o_nan=bool(o.isnan().any()))
+                if name != "plain":
+                    lm[name]["rel_o_vs_plain"] = rel(o, lm["plain"]["_o"])
+                lm[name]["_o"] = o.float()
+            # how much the start state still weighs at the end (0: a group scan bug would be invisible)
+            _, _, r0 = gated_delta_recurrent(l2_norm(q.float()), l2_norm(k.float()), v.float(), kda_gate(fl.float(), A, dtb, LB),
+                                             torch.sigmoid(b.float()), initial_state=None, acc_dtype=torch.float64,
+                                             save_positions=[1024])
+            for d in lm.values():
+                d.pop("_o")
+            row["long_memory_check"] = dict(variants=lm, rel_state_at_1024_change_from_initial_state=rel(r0[0], rck[0]))
+            print("long-memory check", row["long_memory_check"], flush=True)
+        if T == 4096:  # checkpoints on group boundaries (L = 16: 1,024 / 2,048) and inside groups, vs the plain pass
+            cks = [(0, 1024, 0), (0, 1040, 1), (0, 2048, 2), (0, 3000 // 16 * 16, 3), (0, T, 4)]
+            got = []
+            for kw in (dict(group_scan=False), dict(group_scan=True, group_chunks=16)):
+                cp = torch.full((5, H, K, V), float("nan"), device=DEV)
+                pool.copy_(pool0)
+                gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, checkpoints=cks, checkpoint_pool=cp, **base, **kw)
+                got.append((cp, pool.clone()))
+            row["checkpoints_rel_diff_vs_plain"] = rel(got[1][0], got[0][0])
+            row["checkpoint_at_end_vs_final_state"] = rel(got[1][0][4], got[1][1][0])
+            row["checkpoints_nan"] = bool(got[1][0].isnan().any())
+        rows.append(row)
+        print({k_: v_ for k_, v_ in row.items() if k_ != "variants"}, flush=True)
+        for name, r in row["variants"].items():
+            print(f"  {name}: {r['ms']:.3f} ms, vs fla {r.get('vs_fla', float('nan')):.2f}x, vs plain "
+                  f"{r.get('vs_plain', float('nan')):.2f}x, rel o/state vs plain {r.get('rel_diff_o_vs_plain', -1):.1e}/"
+                  f"{r.get('rel_diff_state_vs_plain', -1):.1e}, vs fla {r.get('rel_diff_o_vs_fla', -1):.1e}", flush=True)
+        del q, k, v, f, b
+    results["group_scan"] = rows
+
+
+def bench_decode_b1_value_tiles(results, ceiling):
+    """KDA decode at B=1 (12 heads x 128, state from a pool larger than L2, graph replay) for
+    value tiles 4..64 (12 x 128 / BV programs), against the tuned table's default tile."""
+    rows = []
+    H, K, V = 12, 128, 128
+    pool = torch.randn(SLOTS, H, V, K, device=DEV)
+    A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
+    perms = [torch.randperm(SLOTS, device=DEV)[:1].to(torch.int32) for _ in range(ROT)]
+    q, k, v = (torch.randn(1, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
+    f = torch.randn(1, H, K, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(1, H, device=DEV, dtype=torch.bfloat16)
+    o = torch.empty_like(v)
+    for bv in (None, 4, 8, 16, 32, 64):
+        try:
+            kw = {} if bv is None else dict(value_tile=bv)
+            t = graph_time_us(lambda r: gated_delta_recurrent_triton(
+                q, k, v, f, b, A, dtb, pool, perms[r], 1, "kda", LB, state_layout="vk", out=o, **kw))
+            t2 = graph_time_us(lambda r: gated_delta_recurrent_triton(
+                q, k, v, f, b, A, dtb, pool, perms[r], 1, "kda", LB, state_layout="vk", out=o, **kw))
+        except Exception as exc:
+            print("decode bv", bv, type(exc).__name__, str(exc)[:200])
+            continue
+        rows.append(dict(op="kda_decode", B=1, value_tile=bv or "table", programs=H * triton.cdiv(V, bv) if bv else None,
+                         ours_us=t, ours_us_repeat=t2))
+        print(rows[-1], flush=True)
+    results["kda_decode_b1_value_tiles"] = rows
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
-    p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,bench_prefill")
+    p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,"
+                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles")
     p.add_argument("--prefill-variants", default=None, help="comma list of PREFILL_VARIANTS names to time (default: all)")
     args = p.parse_args()
     if args.prefill_variants:
@@ -442,7 +616,7 @@ def main():
     ceiling = copy_ceiling_tbs()
     results["copy_ceiling_tb_s"] = ceiling
     print("copy ceiling TB/s", ceiling)
-    for fn in (bench_decode_verify, bench_fused_decode, bench_gdn):
+    for fn in (bench_decode_verify, bench_fused_decode, bench_gdn, bench_decode_b1_value_tiles):
         if only is not None and fn.__name__ not in only:
             continue
         try:
@@ -454,6 +628,11 @@ def main():
             bench_prefill(results)
     except Exception as exc:
         print("bench_prefill FAILED", type(exc).__name__, str(exc)[:500])
+    try:
+        if only is None or "bench_group_scan" in only:
+            bench_group_scan(results)
+    except Exception as exc:
+        print("bench_group_scan FAILED", type(exc).__name__, str(exc)[:500])
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
 

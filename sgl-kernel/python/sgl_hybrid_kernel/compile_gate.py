@@ -44,6 +44,10 @@ class KernelConfig:
     activation_dtype: str = "bf16"
     targets: tuple = tuple(TARGETS)
     signature: Dict[str, str] = field(default_factory=dict)  # per-argument type overrides (e.g. "*fp8e4nv")
+    num_stages: int = 1  # software-pipelining stages the wrapper launches with
+    # arguments the launch specialises as multiples of 16 (Triton's JIT does so for such pointers / ints):
+    # without the hint the pointer loads stay scalar and unpipelined, so registers differ from the launched code
+    divisible: tuple = ()
 
 
 @dataclass
@@ -100,11 +104,13 @@ def compile_config(cfg: KernelConfig, target: str) -> Report:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    names = list(inspect.signature(cfg.kernel.fn).parameters)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in cfg.divisible} or None
     try:
         compiled = triton.compile(
-            ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs),
+            ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
             target=GPUTarget(*TARGETS[target]),
-            options={"num_warps": cfg.num_warps, "num_stages": 1},
+            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
         )
     except Exception as exc:  # report, do not hide: the gate fails on it
         return Report(cfg.name, target, 0, None, 0, None, error=f"{type(exc).__name__}: {str(exc)[:200]}", budget=cfg.lds_budget)
@@ -163,7 +169,7 @@ def kernel_configs() -> List[KernelConfig]:
         ("gdn_chunk_bv32", dict(H=16, HV=48, GATE=GATE_GDN, FACTORIZED=False)),
     ):
         out.append(KernelConfig(name, gated_delta_chunk_kernel, dict(K=128, V=128, **extra, **chunk), num_warps=8, targets=("sm90",)))
-    out += chunk_parallel_configs()
+    out += chunk_parallel_configs() + chunk_group_scan_configs()
     return out + attention_moe_configs() + fp8_linear_configs()
 
 
@@ -210,6 +216,37 @@ def chunk_parallel_configs() -> List[KernelConfig]:
     return out
 
 
+def chunk_group_scan_configs() -> List[KernelConfig]:
+    """Group-scan mode of the chunk-64 prefill (``chunk_group_scan.py``): the summary and scan
+    kernels as ``chunk_group_scan.group_scan_launch_params`` builds them for each ``CHUNK_LAUNCH``
+    entry (the replay is the state kernel, gated above); same models and products as
+    :func:`chunk_parallel_configs`."""
+    from sgl_hybrid_kernel.delta_rule.chunk_group_scan import group_scan_launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+
+    bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr")}
+    idx = {p: "*i32" for p in ("gidx_ptr", "goff_ptr")}
+    models = (("kda", GATE_KDA_SAFE, 12, 12), ("kda_std", GATE_KDA, 12, 12), ("gdn", GATE_GDN, 16, 48))
+    out, seen = [], set()
+    for (arch, cus), launch in CHUNK_LAUNCH.items():
+        target = CHUNK_TARGETS[arch]
+        tf32 = target == "sm90"
+        for model, kind, H, HV in models:
+            params = group_scan_launch_params(kind, H, HV, 128, 128, True, tf32, launch)
+            for part, (kern, cx, nw, _) in params.items():
+                key = (target, part, tuple(sorted(cx.items())), nw)
+                if key in seen:
+                    continue
+                seen.add(key)
+                ps = inspect.signature(kern.fn).parameters
+                sig = {k: v for k, v in {**bf16, **idx}.items() if k in ps}
+                name = f"{model}_chunk64_group_{part}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"
+                out.append(KernelConfig(name, kern, cx, num_warps=nw, targets=(target,),
+                                        signature={**_int32_scalars(kern, cx), **sig}))
+    return out
+
+
 def attention_moe_configs() -> List[KernelConfig]:
     """MLA decode / verify, DCP merge, AttnRes + RMSNorm, MoE routing, QSA (issue 5), at the tiles the
     dispatchers pick: Kimi K3 TP8 (12 MLA heads, latent 512 + rope 64, 896 experts top 16 + shared,
@@ -219,7 +256,7 @@ def attention_moe_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.dcp.triton_merge import merge_partials_kernel
     from sgl_hybrid_kernel.mla.triton_attention import mla_split_kv_kernel
     from sgl_hybrid_kernel.moe.triton_routing import moe_gating_topk_kernel, moe_sorted_layout_kernel
-    from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel
+    from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel, qsa_merge_kernel
     from sgl_hybrid_kernel.norm.triton_rms_norm import rms_norm_kernel
 
     i32, f32, bf16 = "*i32", "*fp32", "*bf16"
@@ -235,8 +272,15 @@ def attention_moe_configs() -> List[KernelConfig]:
     route_sig = {"logits_ptr": f32, "bias_ptr": f32, "weights_ptr": f32, "ids_ptr": i32,
                  "routed_scaling_factor": "fp32", "shared_weight": "fp32"}
     layout_sig = {"bits_ptr": "*i64", **{k: i32 for k in ("ids_ptr", "sorted_ids_ptr", "block_expert_ptr", "num_rows_ptr", "scratch_ptr")}}
-    qsa_sig = {"q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "row_req_ptr": i32, "idx_ptr": i32, "o_ptr": bf16,
-               "lse_ptr": f32, "sm_scale": "fp32", **idx}
+
+    def qsa_sig(kern):
+        cx = ("G", "D", "DV", "PAGE_SIZE", "RATIO", "TPP", "BLOCK_M", "BLOCK_N", "SPARSE")
+        return {**_int32_scalars(kern, dict.fromkeys(cx)), "q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "row_req_ptr": i32, "idx_ptr": i32,
+                "o_ptr": bf16, "lse_ptr": f32, "sm_scale": "fp32", **idx}
+
+    qsa_div = ("q_ptr", "k_ptr", "v_ptr", "page_table_ptr", "kv_lens_ptr", "qo_indptr_ptr", "row_req_ptr", "idx_ptr",
+               "o_ptr", "lse_ptr", "stride_qn", "stride_qh", "stride_ks", "stride_kh", "stride_vs", "stride_vh",
+               "stride_on", "stride_oh")
     qsa = dict(G=12, D=128, DV=128, PAGE_SIZE=1, RATIO=4)
     K = KernelConfig
     return [
@@ -278,14 +322,19 @@ def attention_moe_configs() -> List[KernelConfig]:
           dict(KOUT=17, NE_PAD=1024, EB=1024, FILL=1024, BLOCK_SIZE=16), num_warps=8, signature=layout_sig),
         K("moe_sorted_layout_qwen_e513", moe_sorted_layout_kernel,
           dict(KOUT=11, NE_PAD=1024, EB=1024, FILL=1024, BLOCK_SIZE=16), num_warps=8, signature=layout_sig),
-        K("qsa_dense_t5_cuda", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=32, SPARSE=False), num_warps=4,
-          targets=("sm90",), signature=qsa_sig),
-        K("qsa_dense_t5_cdna", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=16, SPARSE=False), num_warps=8,
-          targets=("gfx942", "gfx950"), signature=qsa_sig),
-        K("qsa_sparse_cuda", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=32, SPARSE=True), num_warps=4,
-          targets=("sm90",), signature=qsa_sig),
-        K("qsa_sparse_cdna", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=16, SPARSE=True), num_warps=4,
-          targets=("gfx942", "gfx950"), signature=qsa_sig),
+        # QSA at qsa.attention.default_tile, with the launch's int32 scalars and divisibility specialisation;
+        # the CUDA dense tile (64 positions, 3 stages, 82 KB) runs 2 programs per SM: Hopper's per-block budget
+        K("qsa_dense_t5_cuda", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=64, SPARSE=False),
+          num_warps=4, num_stages=3, targets=("sm90",), lds_budget=hopper_smem, signature=qsa_sig(qsa_attention_kernel),
+          divisible=qsa_div),
+        K("qsa_dense_t5_cdna", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=16, SPARSE=False),
+          num_warps=8, num_stages=2, targets=("gfx942", "gfx950"), signature=qsa_sig(qsa_attention_kernel), divisible=qsa_div),
+        K("qsa_sparse_cuda", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=32, SPARSE=True),
+          num_warps=4, num_stages=2, targets=("sm90",), signature=qsa_sig(qsa_attention_kernel), divisible=qsa_div),
+        K("qsa_sparse_cdna", qsa_attention_kernel, dict(**qsa, TPP=1, BLOCK_M=16, BLOCK_N=16, SPARSE=True),
+          num_warps=4, num_stages=2, targets=("gfx942", "gfx950"), signature=qsa_sig(qsa_attention_kernel), divisible=qsa_div),
+        K("qsa_merge_s4_h4", qsa_merge_kernel, dict(DV=128, BLOCK_S=4, BLOCK_H=4),
+          signature={"o_ptr": bf16, "Hq": "i32", "S": "i32", **{f"stride_{x}": "i32" for x in ("pn", "ph", "ln", "lh", "on", "oh", "lon")}}),
     ]
 
 

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import triton
 
 from sgl_hybrid_kernel.delta_rule.chunk_parallel import gated_delta_chunk_parallel
-from sgl_hybrid_kernel.delta_rule.dispatch import device_kind
+from sgl_hybrid_kernel.delta_rule.dispatch import choose_group_scan, device_kind
 from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -41,6 +41,8 @@ def gated_delta_chunk_triton(
     out: Optional[torch.Tensor] = None,
     method: str = "auto",
     scratch_dtype: Optional[torch.dtype] = None,
+    group_scan: Union[bool, str, None] = None,
+    group_chunks: Optional[int] = None,
 ) -> torch.Tensor:
     """Chunked prefill/extend of packed sequences.
 
@@ -68,12 +70,20 @@ def gated_delta_chunk_triton(
             ignored; the sequential kernel is not offered there: ValueError).
         scratch_dtype: parallel method only: dtype of its ``w``/``u``/``v_new``/``h``
             intermediates (default: the activations' dtype when 16-bit, else FP32).
+        group_scan: state pass of the parallel method in group-scan mode (``chunk_group_scan.py``):
+            ``None`` / ``False`` (default): plain; ``True``: on, groups of ``group_chunks`` chunks
+            of 64 tokens (default: ``chunk_group_scan.auto_group_chunks`` on a GPU, else 4), and
+            ``method`` ``"auto"`` becomes ``"parallel"``; ``"auto"``: on when
+            ``dispatch.choose_group_scan`` finds few sequences x heads and long sequences (logged
+            once as op ``delta_rule_prefill_group_scan``). Outputs, checkpoints and final states
+            equal the plain pass up to rounding.
 
     Returns:
         ``o`` ``[N, HV, V]``.
 
     Raises:
-        ValueError: bad ``gate``/layout/``method``, or a checkpoint not on the chunk grid.
+        ValueError: bad ``gate``/layout/``method``/``group_scan``/``group_chunks``, a checkpoint not on
+            the chunk grid, or ``group_scan`` with ``method="sequential"``.
     """
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -85,6 +95,14 @@ def gated_delta_chunk_triton(
         raise ValueError(f"state_layout must be 'kv' or 'vk', got {state_layout!r}")
     if method not in ("auto", "parallel", "sequential"):
         raise ValueError(f"method must be 'auto', 'parallel' or 'sequential', got {method!r}")
+    if group_scan not in (None, False, True, "auto"):
+        raise ValueError(f"group_scan must be None, False, True or 'auto', got {group_scan!r}")
+    if group_chunks is not None and group_chunks < 1:
+        raise ValueError(f"group_chunks must be >= 1, got {group_chunks}")
+    if group_scan is True:
+        if method == "sequential":
+            raise ValueError("group_scan: the group-scan mode belongs to method='parallel', not 'sequential'")
+        method = "parallel"
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()
@@ -118,11 +136,17 @@ def gated_delta_chunk_triton(
     if method == "parallel":
         if scratch_dtype is None and q.element_size() == 2:
             scratch_dtype = q.dtype
+        if group_scan is True and group_chunks is None:
+            group_chunks = choose_group_scan(q, v, lens, forced=True)
+        elif group_scan == "auto":
+            group_chunks = choose_group_scan(q, v, lens, group_chunks=group_chunks)
+        elif group_scan is not True:
+            group_chunks = None
         return gated_delta_chunk_parallel(
             q, k, v, f, b, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
             kind, lower_bound, K ** -0.5 if scale is None else scale, l2norm, state_layout, checkpoints,
             checkpoint_pool, lens, value_tile=value_tile, tf32=tf32, scratch_dtype=scratch_dtype, out=out,
-            num_warps=num_warps)
+            num_warps=num_warps, group_chunks=group_chunks)
     o = out if out is not None else torch.empty_like(v)
     cp = checkpoint_pool if ckpt_idx is not None else state
     value_tile = value_tile or 32

@@ -147,6 +147,7 @@ def gated_delta_chunk_parallel(
     num_warps: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
     launch: Optional[ChunkLaunch] = None,
+    group_chunks: Optional[int] = None,
 ) -> torch.Tensor:
     """Run the four kernels; arguments already validated by ``gated_delta_chunk_triton``.
 
@@ -155,6 +156,8 @@ def gated_delta_chunk_parallel(
     and so are ``A`` and its inverse (never leave registers). ``launch`` defaults to the
     device's :func:`device_chunk_launch` (parameters by arch and CU count); ``value_tile`` /
     ``num_warps`` override its value tiles / state-passing and output warps.
+    ``group_chunks``: run the state pass in group-scan mode with groups of that many
+    chunks (``chunk_group_scan.py``); ``None``: the plain sequential state pass.
     """
     launch = launch or device_chunk_launch(q.device)
     N, H, K = q.shape
@@ -194,11 +197,18 @@ def gated_delta_chunk_parallel(
         s0, s1, s2, s3 = t.stride()
         return (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
 
-    cp = checkpoint_pool if ckpt_idx is not None else state
-    kern, cx, nw, grid = p["state"]
-    kern[grid + (S * HV,)](
-        k, G, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
-        ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp), **cx, num_warps=nw)
+    if group_chunks:
+        from sgl_hybrid_kernel.delta_rule.chunk_group_scan import run_group_scan_state_pass
+
+        run_group_scan_state_pass(p["state"], kind, k, G, w, u, vn, h, cu_seqlens, lens, state, state_indices,
+                                  has_initial_state, state_layout, checkpoints, checkpoint_pool, group_chunks, l2norm, tf32,
+                                  launch)
+    else:
+        cp = checkpoint_pool if ckpt_idx is not None else state
+        kern, cx, nw, grid = p["state"]
+        kern[grid + (S * HV,)](
+            k, G, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
+            ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp), **cx, num_warps=nw)
     kern, cx, nw, grid = p["output"]
     kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw)
     return o

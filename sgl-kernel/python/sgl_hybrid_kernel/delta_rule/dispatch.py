@@ -15,7 +15,7 @@ Contract of the Triton kernels (else: torch): key and value head dims <= 256,
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -94,3 +94,51 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
                   f"cuda, FP32 activations: triton_chunk BT=16 BV=32 num_warps=8 (FP32 products; measured on sm90, "
                   f"not in the compile gate's spill-free set{'' if arch == 'sm90' else f'; untuned on {arch}'})", log=logger)
     return "triton"
+
+
+GROUP_SCAN_OP = "delta_rule_prefill_group_scan"
+
+
+def choose_group_scan(q: torch.Tensor, v: torch.Tensor, lens: Sequence[int], group_chunks: Optional[int] = None,
+                      forced: bool = False) -> Optional[int]:
+    """Chunks per group for the chunk-64 prefill's group-scan mode, or ``None`` for the plain state
+    pass; the decision is logged once per kind (op ``delta_rule_prefill_group_scan``).
+
+    Args:
+        q: ``[N, H, K]``; v: ``[N, HV, V]``; lens: tokens per sequence.
+        group_chunks: the caller's group size, used when the mode is on.
+        forced: the caller asked for the mode (``group_scan=True``): always on.
+
+    Auto rule (issue 4): on a GPU, on when the plain state pass has fewer programs
+    (sequences x value heads x value tiles) than the device has compute units, a
+    sequence has at least ``chunk_group_scan.MIN_CHUNKS`` chunks of 64 tokens, and the
+    mode was timed faster than the plain pass on this part
+    (``chunk_group_scan.GROUP_SCAN_TIMED``; on the H200 it was not, so auto stays plain
+    there); groups from ``chunk_group_scan.auto_group_chunks`` unless ``group_chunks`` is given.
+    """
+    from sgl_hybrid_kernel.delta_rule.chunk_group_scan import GROUP_SCAN_TIMED, MIN_CHUNKS, MIN_GROUP_CHUNKS, auto_group_chunks
+
+    HV, V = v.shape[-2], v.shape[-1]
+    plat = device_platform(q.device)
+    launch = device_chunk_launch(q.device)
+    auto = auto_group_chunks(lens, HV, V, launch.state_bv, plat.num_compute_units) if plat.num_compute_units else None
+    if forced:
+        n = group_chunks or auto or MIN_GROUP_CHUNKS
+        record_choice(GROUP_SCAN_OP, "group_scan", "forced by the caller (group_scan=True)", log=logger)
+        return n
+    if plat.device == "cpu":
+        record_choice(GROUP_SCAN_OP, "plain", "CPU tensors: auto mode needs a compute-unit count", log=logger)
+        return None
+    if auto is None:
+        record_choice(GROUP_SCAN_OP, "plain",
+                      f"sequences x value heads x value tiles fill the {plat.num_compute_units} compute units, "
+                      f"or no sequence has {MIN_CHUNKS} chunks", log=logger)
+        return None
+    faster, evidence = GROUP_SCAN_TIMED.get(launch.name, (False, f"not timed on {launch.name}"))
+    if not faster:
+        record_choice(GROUP_SCAN_OP, "plain", f"shape qualifies, but the mode is off on this part: {evidence}", log=logger)
+        return None
+    record_choice(GROUP_SCAN_OP, "group_scan",
+                  f"few sequences x value heads for {plat.num_compute_units} compute units and a sequence of >= "
+                  f"{MIN_CHUNKS} chunks: summaries + FP32 scan + parallel replay ({evidence})", log=logger)
+    return group_chunks or auto

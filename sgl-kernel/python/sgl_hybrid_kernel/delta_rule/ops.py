@@ -23,7 +23,7 @@ import torch
 
 from sgl_hybrid_kernel import dispatch as _dispatch
 from sgl_hybrid_kernel.delta_rule import reference as delta_ref
-from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
+from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_group_scan, choose_recurrent
 from sgl_hybrid_kernel.gdn import reference as gdn_ref
 from sgl_hybrid_kernel.kda import reference as kda_ref
 from sgl_hybrid_kernel.norm import reference as norm_ref
@@ -245,8 +245,12 @@ def plan_decode(device) -> _dispatch.KernelChoice:
 
 
 def plan_prefill(device) -> _dispatch.KernelChoice:
-    """What ``choose_chunk`` picks on ``device`` for Kimi K3 TP8 shapes (recorded and returned)."""
-    choose_chunk(*_plan_tensors(device))
+    """What ``choose_chunk`` picks on ``device`` for Kimi K3 TP8 shapes (recorded and returned); also
+    records the group-scan choice (``choose_group_scan``) for one 4,096-token sequence, the shape the
+    mode is for, so the start-up table lists it."""
+    q, v, state = _plan_tensors(device)
+    choose_chunk(q, v, state)
+    choose_group_scan(q, v, [4096])
     return _recorded("delta_rule_prefill")
 
 

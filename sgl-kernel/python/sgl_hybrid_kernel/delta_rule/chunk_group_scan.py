@@ -1,0 +1,198 @@
+"""Group-scan mode of the chunk-64 prefill (issue 4): the state pass split over groups of chunks.
+
+For few sequences x heads the chunk-64 form's state pass (one program per sequence,
+value head and value tile, sequential over all chunks) leaves most of the GPU idle.
+Here each sequence is cut into groups of ``group_chunks`` chunks of 64 tokens and the
+state pass becomes (kernels in ``triton_chunk_group_scan.py``; diagram in
+docs/kernels.md):
+
+1. summaries ``S -> A_g S + B_g`` of every group but a sequence's last, in parallel;
+2. an ordered FP32 scan over each sequence's groups gives every group's start state;
+3. the unchanged state-pass kernel replays all groups in parallel from their start
+   states (``h`` / ``v_new`` for the output kernel, checkpoints, end states); the last
+   group's end state is the sequence's final state, copied to its slot on the device
+   (``chunk_group_final_kernel``).
+
+Cost: the summaries redo the group's recurrence on ``V + K`` columns, so the state
+pass does ~3x the arithmetic of the plain pass in exchange for ``G``-fold parallelism
+and a ``G``-fold shorter serial chain. The plain-torch twin of the same mode is
+``group_scan_reference.gated_delta_group_scan_reference``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import triton
+
+from sgl_hybrid_kernel.delta_rule.triton_chunk_group_scan import (
+    chunk_group_final_kernel,
+    chunk_group_scan_kernel,
+    chunk_group_summary_kernel,
+)
+
+BT = 64  # tokens per chunk (as chunk_parallel.BT)
+BC = 16  # checkpoint grid (as chunk_parallel.BC)
+# Auto mode: a sequence needs this many chunks before splitting it pays (the summaries
+# and the scan are two extra launches), and the plain state pass must fill fewer
+# programs than the device has compute units.
+MIN_CHUNKS = 16
+# Auto mode aims at this many replay programs per compute unit.
+PROGRAMS_PER_CU = 2
+MIN_GROUP_CHUNKS = 4
+# Auto mode also needs the mode timed faster than the plain pass on the part (keyed by the
+# chunk launch-table entry's name): ``(faster, evidence)``. Not in the table: not timed, off.
+GROUP_SCAN_TIMED: Dict[str, Tuple[bool, str]] = {
+    "sm90x132": (False, "timed slower on the H200: 0.64-0.69x / 0.80-0.96x the plain pass at B=1, T=4,096 / "
+                        "65,536 (benchmark/results/2026-11-29-h200-group_scan.json)"),
+}
+# Benchmark knob: augmented columns per summary program (None: the launch table's state_bv,
+# the compile-gated configuration).
+SUMMARY_BV_OVERRIDE: Optional[int] = None
+SCAN_BV = 32  # value columns per scan program (>= 16: tl.dot)
+SCAN_WARPS = 4
+FINAL_BV = 16  # value columns per final-state copy program
+
+
+def plan_groups(lens: Sequence[int], group_chunks: int) -> Tuple[List[Tuple[int, int, int]], List[int]]:
+    """Split each sequence's chunks into groups of ``group_chunks`` (the last may be shorter).
+
+    Args:
+        lens: tokens per sequence.
+        group_chunks: chunks of ``BT`` tokens per group (>= 1).
+
+    Returns:
+        ``(groups, goff)``: ``groups[g] = (sequence, first chunk in the sequence, chunks)``
+        in token order; ``goff`` ``[S + 1]``: first group of each sequence. An empty
+        sequence gets one empty group (its state is still carried to its slot).
+
+    Raises:
+        ValueError: ``group_chunks < 1``.
+    """
+    if group_chunks < 1:
+        raise ValueError(f"group_chunks must be >= 1, got {group_chunks}")
+    groups: List[Tuple[int, int, int]] = []
+    goff = [0]
+    for s, n in enumerate(lens):
+        nc = triton.cdiv(int(n), BT)
+        if nc == 0:
+            groups.append((s, 0, 0))
+        for c0 in range(0, nc, group_chunks):
+            groups.append((s, c0, min(group_chunks, nc - c0)))
+        goff.append(len(groups))
+    return groups, goff
+
+
+def auto_group_chunks(lens: Sequence[int], HV: int, V: int, state_bv: int, num_compute_units: int) -> Optional[int]:
+    """Chunks per group the auto mode uses, or ``None`` when the plain state pass already fills
+    the device (``S * HV * ceil(V / state_bv) >= num_compute_units``) or no sequence has
+    :data:`MIN_CHUNKS` chunks. Aims at :data:`PROGRAMS_PER_CU` replay programs per compute
+    unit, with groups of at least :data:`MIN_GROUP_CHUNKS` chunks."""
+    programs = len(lens) * HV * triton.cdiv(V, state_bv)
+    longest = max((triton.cdiv(int(n), BT) for n in lens), default=0)
+    if programs >= num_compute_units or longest < MIN_CHUNKS:
+        return None
+    groups = math.ceil(PROGRAMS_PER_CU * num_compute_units / programs)
+    return max(MIN_GROUP_CHUNKS, triton.cdiv(longest, groups))
+
+
+def group_scan_launch_params(kind: int, H: int, HV: int, K: int, V: int, l2norm: bool, tf32: bool,
+                             launch) -> Dict[str, Tuple[object, Dict[str, object], int, tuple]]:
+    """``{"summary" | "scan" | "final": (kernel, constexprs, num_warps, grid_tail)}`` as launched by
+    :func:`run_group_scan_state_pass`; ``compile_gate`` compiles the same dicts. ``launch``: the
+    device's ``chunk_parallel.ChunkLaunch`` — the summary takes the state pass's key block,
+    value tile (no checkpoints) and warps; the scan the same key block, with ``tf32x3`` products
+    when ``tf32`` (CUDA: FP32-level error, IEEE FP32 dots spill on sm_90) else IEEE FP32."""
+    BK = triton.next_power_of_2(K)
+    KD = max(min(launch.state_kd, BK), BK // 4)
+    sbv = min(SUMMARY_BV_OVERRIDE or launch.state_bv, triton.next_power_of_2(V + K))
+    vbv = min(SCAN_BV, max(16, triton.next_power_of_2(V)))
+    return {
+        "summary": (chunk_group_summary_kernel,
+                    dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=sbv, BT=BT, KD=KD, GATE=kind, L2NORM=l2norm, TF32=tf32),
+                    launch.state_warps, (triton.cdiv(V + K, sbv),)),
+        "scan": (chunk_group_scan_kernel, dict(HV=HV, K=K, V=V, BK=BK, BV=vbv, KD=KD, X3=tf32), SCAN_WARPS,
+                 (triton.cdiv(V, vbv),)),
+        "final": (chunk_group_final_kernel, dict(HV=HV, K=K, V=V, BK=BK, BV=FINAL_BV), 4, (triton.cdiv(V, FINAL_BV),)),
+    }
+
+
+def run_group_scan_state_pass(
+    state_launch: Tuple[object, Dict[str, object], int, tuple],
+    kind: int,
+    k: torch.Tensor,
+    G: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    vn: torch.Tensor,
+    h: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    lens: Sequence[int],
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    state_layout: str,
+    checkpoints: Sequence[Tuple[int, int, int]],
+    checkpoint_pool: Optional[torch.Tensor],
+    group_chunks: int,
+    l2norm: bool,
+    tf32: bool,
+    launch,
+) -> None:
+    """The group-scan replacement of ``chunk_state_kernel``'s one launch (called by
+    ``chunk_parallel.gated_delta_chunk_parallel`` when ``group_chunks`` is set).
+
+    Same outputs as the plain state pass: ``h`` ``[NC, HV, K, V]`` chunk-start states,
+    ``vn`` pseudo-values, checkpoints into ``checkpoint_pool``, each sequence's final
+    state into its slot (``state_indices[i] < 0``: none). ``state_launch`` is the plain
+    pass's ``(kernel, constexprs, num_warps, grid_tail)``; its constexprs fix ``H``,
+    ``HV``, ``K``, ``V`` and the replay's tiles; ``launch`` the summary / scan tiles.
+    """
+    kern, cx, nw, grid = state_launch
+    H, HV, K, V = cx["H"], cx["HV"], cx["K"], cx["V"]
+    dev = k.device
+    groups, goff = plan_groups(lens, group_chunks)
+    NG = len(groups)
+    n_ch = [triton.cdiv(int(n), BT) for n in lens]
+    first_chunk = [sum(n_ch[:s]) for s in range(len(lens))]
+    bos = cu_seqlens.tolist()
+    # Each group is a sequence of its own for the replay: token bounds, first global chunk.
+    gcu = [bos[s] + c0 * BT for (s, c0, _) in groups] + [bos[-1]]
+    gcoff = [first_chunk[s] + c0 for (s, c0, _) in groups]
+    summaries = [(s, c0, nc, gi) for gi, (s, c0, nc) in enumerate(groups) if gi + 1 < goff[s + 1]]
+    p = group_scan_launch_params(kind, H, HV, K, V, l2norm, tf32, launch)
+    summ = torch.empty(max(NG, 1), HV, K, V + K, dtype=torch.float32, device=dev)
+    if summaries:
+        skern, scx, snw, sgrid = p["summary"]
+        gidx = torch.tensor(summaries, dtype=torch.int32).to(dev)
+        skern[sgrid + (len(summaries), HV)](k, G, w, u, cu_seqlens, gidx, summ, **scx, num_warps=snw)
+    start = torch.empty(NG, HV, K, V, dtype=torch.float32, device=dev)
+    s0, s1, s2, s3 = state.stride()
+    st = (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
+    ckern, ccx, cnw, cgrid = p["scan"]
+    ckern[cgrid + (len(lens) * HV,)](summ, start, torch.tensor(goff, dtype=torch.int32).to(dev), state, state_indices,
+                                     has_initial_state, *st, **ccx, num_warps=cnw)
+    ckpt_idx = None
+    n_sub = max(1, group_chunks * (BT // BC))
+    if checkpoints:
+        table = torch.full((NG, n_sub), -1, dtype=torch.int32)
+        for seq, pos, dst in checkpoints:
+            gi = min(goff[seq] + (pos - 1) // (group_chunks * BT), goff[seq + 1] - 1)
+            local = pos - (gcu[gi] - bos[seq])
+            table[gi, triton.cdiv(local, BC) - 1] = dst
+        ckpt_idx = table.to(dev)
+    one = torch.ones(NG, dtype=torch.int32, device=dev)
+    slots = torch.arange(NG, dtype=torch.int32, device=dev)
+    cp = checkpoint_pool if ckpt_idx is not None else start
+    c0_, c1_, c2_, c3_ = cp.stride()
+    cst = (c0_, c1_, c2_, c3_) if (state_layout == "kv" or ckpt_idx is None) else (c0_, c1_, c3_, c2_)
+    kern[grid + (NG * HV,)](
+        k, G, w, u, vn, h, torch.tensor(gcu, dtype=torch.int32).to(dev), torch.tensor(gcoff, dtype=torch.int32).to(dev),
+        start, slots, one, cp, ckpt_idx if ckpt_idx is not None else slots, n_sub, *start.stride(), *cst, **cx,
+        num_warps=nw)
+    # The last group's end state (left in ``start`` by the replay) is the final state.
+    fkern, fcx, fnw, fgrid = p["final"]
+    fkern[fgrid + (len(lens) * HV,)](start, torch.tensor([goff[s + 1] - 1 for s in range(len(lens))], dtype=torch.int32).to(dev),
+                                     state, state_indices, *st, **fcx, num_warps=fnw)
