@@ -1,11 +1,11 @@
 """Closed-loop simulator of the speculative-depth controller (issue 7, "Benchmark").
 
-    .venv/bin/python benchmark/spec/controller_sim.py            # full run (~30-60 s, 2-core CPU)
+    .venv/bin/python benchmark/spec/controller_sim.py            # full run (minutes, 2-core CPU)
     .venv/bin/python benchmark/spec/controller_sim.py --quick    # tiny version (used by the tests)
 
 For each scenario (acceptance trace x cycle-cost curve x concurrency) it replays the same
-closed-loop stream of requests (same request lengths, acceptance and random draws: common
-random numbers) under every fixed depth k = 0..7, upstream's EMA policy (reimplemented from
+closed-loop stream of requests (same request lengths, acceptance and one uniform per
+token position of each request: common random numbers) under every fixed depth k = 0..7, upstream's EMA policy (reimplemented from
 its documented behaviour; with upstream's default per-batch-size candidates and with all
 depths at every batch size), our cycle-cost controller and the per-step oracle, for the
 same simulated time, and prints committed tokens/s with ratios to the oracle, the best
@@ -18,9 +18,11 @@ table measured on one H200 by benchmark/spec/bench_cycle_cost_h200.py (our KDA v
 under CUDA-graph replay plus a BF16 matmul model of the Kimi K3 TP8 target step and an MTP-style
 draft layer; ``benchmark/results/2026-11-29-h200-spec_cycle_cost.json``), interpolated in batch size.
 
-Every scenario runs under ``--seeds`` (default 0, 1, 2: different request streams and draws);
-the summary ratios are the mean over seeds (``*_min``: the worst seed), the goals are checked
-on the means. ``oracle-saturated`` (the per-step best for a saturated closed loop, true
+Every scenario runs under ``--seeds`` (default 0-5: different request streams and draws);
+the summary ratios are the mean over seeds (``*_min``: the worst seed, ``*_sd``: the spread
+over seeds), the goals are checked on the means. On the stationary scenarios with
+homogeneous requests the controller's expected loss against the best fixed depth is split
+into warm-up, probes and decisions off the best depth (:func:`attribute_losses`). ``oracle-saturated`` (the per-step best for a saturated closed loop, true
 acceptance; sim_models.SaturatedOraclePolicy) is reported beside the issue's per-step oracle.
 """
 
@@ -112,8 +114,15 @@ def make_policies(cost):
     return policies
 
 
-def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 0.03) -> dict:
-    """Run ``policy`` for the simulated time that ``cycles`` cycles of depth 2 take at the first concurrency."""
+def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 0.03, log=None) -> dict:
+    """Run ``policy`` for the simulated time that ``cycles`` cycles of depth 2 take at the first concurrency.
+
+    Common random numbers: request ``n`` of a seed has the same acceptance parameters, length
+    and one uniform ``u[j]`` per token position ``j`` under every policy; the draft that would
+    become token ``j`` is accepted iff ``u[j] < c_i`` (``i``: its place in the draft), so two
+    policies drafting the same token see the same draw. ``log``: a list that gets one tuple
+    ``(t, batch, k, seconds, true_seconds, true_E_committed)`` per cycle.
+    """
     cost = COSTS[scenario.cost]
     b0 = scenario.concurrency[0][1]
     duration = cycles * cost(2, b0)
@@ -123,10 +132,10 @@ def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 
     req_rng = np.random.default_rng([seed, 1])  # request stream: identical for every policy
     noise_rng = np.random.default_rng([seed, 2])
     # per slot: uniforms for every cycle of its current request (common random numbers)
-    slot_u = np.zeros((b_max, max_len, K_MAX))
+    slot_u = np.zeros((b_max, max_len + K_MAX + 1))
     slot_p, slot_rho = np.zeros(b_max), np.zeros(b_max)
     slot_left = np.zeros(b_max, dtype=np.int64)
-    slot_step = np.zeros(b_max, dtype=np.int64)
+    slot_pos = np.zeros(b_max, dtype=np.int64)  # tokens committed so far
     slot_uid = np.zeros(b_max, dtype=np.int64)
     next_uid = 0
 
@@ -135,8 +144,8 @@ def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 
         p, rho = trace.new_request(req_rng)
         slot_p[s], slot_rho[s] = p, rho
         slot_left[s] = req_rng.integers(64, max_len + 1)
-        slot_u[s] = np.random.default_rng([seed, 3, next_uid]).random((max_len, K_MAX))
-        slot_step[s] = 0
+        slot_u[s] = np.random.default_rng([seed, 3, next_uid]).random(max_len + K_MAX + 1)
+        slot_pos[s] = 0
         slot_uid[s] = next_uid
         next_uid += 1
 
@@ -153,8 +162,8 @@ def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 
         c = trace.conditional(slot_p[sl], slot_rho[sl], t)
         rids = slot_uid[sl].tolist()
         k = policy.choose(active, rids, c)
-        if k:
-            u = slot_u[np.arange(active), slot_step[sl], :k]
+        if k:  # the draft for token position j of a request is tested against that request's u[j]
+            u = slot_u[np.arange(active)[:, None], slot_pos[sl, None] + np.arange(k)[None, :]]
             accept = np.cumprod(u < c[:, :k], axis=1).sum(axis=1)
         else:
             accept = np.zeros(active, dtype=np.int64)
@@ -166,8 +175,11 @@ def simulate(policy, scenario: Scenario, cycles: int, seed: int, noise: float = 
         n_cycles += 1
         hist.setdefault(active, {}).setdefault(k, 0)
         hist[active][k] += 1
+        if log is not None:
+            log.append((t, active, k, seconds, float(cost(k, active)),
+                        float(np.cumprod(c[:, :k], axis=1).sum(axis=1).mean()) + 1.0 if k else 1.0))
         slot_left[sl] -= committed
-        slot_step[sl] += 1
+        slot_pos[sl] += committed
         for s in np.nonzero(slot_left[sl] <= 0)[0]:
             start_request(int(s))
     return {"tokens_per_s": tokens / t, "tokens": tokens, "seconds": t, "cycles": n_cycles,
@@ -179,8 +191,18 @@ RATIOS = {"ours_vs_oracle": "oracle", "ours_vs_oracle_saturated": "oracle-satura
 
 
 def summarize(per_seed: Dict[int, Dict[str, float]]) -> dict:
-    """Ratios of ``cycle-cost`` to the references, mean over seeds and worst seed."""
+    """Ratios of ``cycle-cost`` to the references, mean over seeds, worst seed and spread.
+
+    Two readings of "the best fixed depth": per seed the best of the fixed depths *on that
+    seed* (``ours_vs_best_fixed``: the stricter, it picks with hindsight of the seed's noise)
+    and one depth for the scenario, the one with the highest mean rate over the seeds
+    (``ours_vs_best_fixed_depth``: a fixed policy chosen in advance, compared seed by seed).
+    """
     ratios: Dict[str, List[float]] = {}
+    fixed_names = [n for n in next(iter(per_seed.values())) if n.startswith("fixed-")]
+    depth = max(fixed_names, key=lambda n: float(np.mean([rates[n] for rates in per_seed.values()])))
+    for rates in per_seed.values():
+        ratios.setdefault("ours_vs_best_fixed_depth", []).append(rates["cycle-cost"] / rates[depth])
     best_fixed_names = []
     for rates in per_seed.values():
         fixed = {n: v for n, v in rates.items() if n.startswith("fixed-")}
@@ -192,8 +214,43 @@ def summarize(per_seed: Dict[int, Dict[str, float]]) -> dict:
         ratios.setdefault("oracle_vs_ema_upstream", []).append(rates["oracle"] / rates["ema-upstream"])
     out = {key: float(np.mean(v)) for key, v in ratios.items()}
     out.update({f"{key}_min": float(np.min(v)) for key, v in ratios.items()})
+    out.update({f"{key}_sd": float(np.std(v)) for key, v in ratios.items()})
     out["best_fixed"] = max(set(best_fixed_names), key=best_fixed_names.count)
+    out["best_fixed_depth"] = depth
     return out
+
+
+def attribute_losses(expected_rates: Dict[int, Dict[int, float]], logs: Dict[int, tuple], warmup: int = 100) -> dict:
+    """Where ``cycle-cost`` loses to the best fixed depth ``k*`` of a stationary scenario, in expectation.
+
+    ``k*``: the fixed depth with the highest mean *expected* rate ``r*`` (sum of batch x true
+    E[committed | k] over true cycle time). A controller cycle of true time ``T`` and expected
+    yield ``b E`` loses ``r* T - b E`` tokens against ``k*``; the shares of ``r* x total time`` are
+    summed per kind of cycle: the first ``warmup`` cycles, probes (a neighbour run instead of
+    the decided depth), decided depth != ``k*`` (estimate noise near a decision boundary), and
+    cycles at ``k*`` (about 0: batch-composition noise). Expectations, so seed luck cancels;
+    meaningful for homogeneous requests (with mixed requests the batch composition itself
+    depends on the policy).
+    """
+    depths = sorted(next(iter(expected_rates.values())))
+    k_star = max(depths, key=lambda k: float(np.mean([r[k] for r in expected_rates.values()])))
+    parts: Dict[str, List[List[float]]] = {}
+    for seed, (log, decided) in logs.items():
+        _, b, k, _, t_true, e_true = (np.array(col) for col in zip(*log))
+        decided = np.array(decided)
+        r_star = expected_rates[seed][k_star]
+        loss = (r_star * t_true - b * e_true) / (r_star * t_true.sum())
+        early = np.arange(k.size) < warmup
+        probe = (k != decided) & ~early
+        kinds = {"warmup": early, "probe": probe, "decided_not_k_star": (decided != k_star) & ~probe & ~early,
+                 "at_k_star": (decided == k_star) & ~probe & ~early}
+        for name, mask in kinds.items():
+            parts.setdefault(name, []).append([float(mask.mean()), float(loss[mask].sum())])
+        parts.setdefault("total", []).append([1.0, float(loss.sum())])
+    return {"k_star": k_star, "warmup_cycles": warmup,
+            **{name: {"cycle_share": float(np.mean([v[0] for v in vals])),
+                      "loss_share": float(np.mean([v[1] for v in vals])),
+                      "loss_share_sd": float(np.std([v[1] for v in vals]))} for name, vals in parts.items()}}
 
 
 def run(cycles: int = 2500, scenarios=None, seeds=(0,), verbose: bool = True) -> dict:
@@ -201,21 +258,31 @@ def run(cycles: int = 2500, scenarios=None, seeds=(0,), verbose: bool = True) ->
     results = []
     for sc in scenarios:
         t0 = time.perf_counter()
-        rows, per_seed = {}, {}
+        rows, per_seed, expected, logs = {}, {}, {}, {}
         for seed in seeds:
             for policy in make_policies(COSTS[sc.cost]):
-                r = simulate(policy, sc, cycles, seed)
+                log: list = []
+                r = simulate(policy, sc, cycles, seed, log=log)
                 per_seed.setdefault(seed, {})[policy.name] = r["tokens_per_s"]
+                if isinstance(policy, FixedPolicy):
+                    _, b, _, _, t_true, e_true = (np.array(col) for col in zip(*log))
+                    expected.setdefault(seed, {})[policy.k] = float((b * e_true).sum() / t_true.sum())
+                elif isinstance(policy, ControllerPolicy):
+                    logs[seed] = (log, policy.decided)
                 if seed == seeds[0]:
                     rows[policy.name] = r
         summary = summarize(per_seed)
+        if sc.trace in ("high", "low") and len(sc.concurrency) == 1:  # stationary, homogeneous requests
+            summary["loss_attribution"] = attribute_losses(expected, logs)
         results.append({"scenario": sc.name, "trace": sc.trace, "cost": sc.cost,
                         "concurrency": sc.concurrency, "tags": sc.tags, "summary": summary,
                         "tokens_per_s_by_seed": {str(k): v for k, v in per_seed.items()},
                         "policies": rows, "wall_s": time.perf_counter() - t0})
         if verbose:
             print(f"{sc.name:22s} ours/oracle {summary['ours_vs_oracle']:.4f}  ours/best-fixed "
-                  f"({summary['best_fixed']}) {summary['ours_vs_best_fixed']:.4f} (min {summary['ours_vs_best_fixed_min']:.4f})"
+                  f"({summary['best_fixed']}) {summary['ours_vs_best_fixed']:.4f} (min {summary['ours_vs_best_fixed_min']:.4f}"
+                  f" sd {summary['ours_vs_best_fixed_sd']:.4f})  ours/{summary['best_fixed_depth']} "
+                  f"{summary['ours_vs_best_fixed_depth']:.4f}"
                   f"  ours/ema-upstream {summary['ours_vs_ema_upstream']:.3f}  oracle/ema-upstream "
                   f"{summary['oracle_vs_ema_upstream']:.3f}  ours/oracle-saturated {summary['ours_vs_oracle_saturated']:.4f}"
                   f"   [{time.perf_counter() - t0:.1f} s]", flush=True)
@@ -231,6 +298,8 @@ def check_goals(results) -> dict:
     return {
         "within_3pct_of_oracle": {"missed": misses(lambda r: r["summary"]["ours_vs_oracle_min"] >= 0.97)},
         "at_least_best_fixed": {"missed": misses(lambda r: r["summary"]["ours_vs_best_fixed"] >= 1.0)},
+        "at_least_best_fixed_depth_chosen_over_seeds": {
+            "missed": misses(lambda r: r["summary"]["ours_vs_best_fixed_depth"] >= 1.0)},
         "10pct_above_ema_upstream_on_drifting_and_large_batch": {
             "missed": [r["scenario"] for r in tagged if r["summary"]["ours_vs_ema_upstream"] < 1.10],
             # where even the per-step oracle (true acceptance) is < 10 % above the EMA policy
@@ -255,7 +324,7 @@ def _controller_settings() -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cycles", type=int, default=2500, help="run length in cycles of depth 2")
-    ap.add_argument("--seeds", default="0,1,2", help="comma list of seeds (request streams and draws)")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5", help="comma list of seeds (request streams and draws)")
     ap.add_argument("--quick", action="store_true", help="3 scenarios x 300 cycles (test)")
     ap.add_argument("--out", default=os.path.join(_HERE, "..", "results", "spec_controller_sim.json"))
     args = ap.parse_args(argv)

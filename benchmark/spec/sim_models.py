@@ -296,9 +296,12 @@ class ControllerPolicy(Policy):
 
     def __init__(self, controller):
         self.controller = controller
+        self.decided: List[int] = []  # per cycle: the depth decided on (the run depth unless a probe)
 
     def choose(self, b, rids, true_c):
-        return self.controller.choose_depth(b, rids)
+        k = self.controller.choose_depth(b, rids)
+        self.decided.append(self.controller.decided_depth(b))
+        return k
 
     def feedback(self, accept, k, rids, seconds, b):
         self.controller.observe(accept, k, rids)

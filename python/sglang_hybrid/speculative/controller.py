@@ -204,6 +204,14 @@ class DepthController:
         committed = self.expected_committed(request_ids)
         return {k: batch_size * committed[k] / self.costs.estimate(k, batch_size) for k in self.depths}
 
+    def decided_depth(self, batch_size: int) -> Optional[int]:
+        """The depth the rate comparison last settled on for the bucket of ``batch_size``.
+
+        Differs from what :meth:`choose_depth` returned when that step was a probe (profile,
+        upper-confidence or refresh) of a neighbour; ``None`` before the bucket's first step.
+        """
+        return self._current.get(batch_bucket(batch_size))
+
     def choose_depth(self, batch_size: int, request_ids: Optional[Sequence[Hashable]] = None) -> int:
         """The draft depth for the next decode step of a batch of ``batch_size`` requests.
 

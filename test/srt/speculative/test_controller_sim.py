@@ -118,3 +118,37 @@ def test_e2e_script_reads_the_controller_log_line():
     assert e2e.diff_hist({1: {3: 5}, 8: {1: 4, 2: 1}}, {1: {3: 5}, 8: {1: 1}}) == {8: {1: 3, 2: 1}}
     with pytest.raises(ValueError, match="line"):
         e2e.parse_log_line("spec depth controller: nothing")
+
+
+def test_loss_attribution_splits_the_expected_shortfall_by_kind_of_cycle():
+    # k* = 1 (expected rate 2 tokens/s); the controller's 5 cycles, 1 s each:
+    # 2 warm-up cycles at k*, a probe of k0, a decision for k0, one lucky cycle at k*
+    log = [(0, 1, 1, 1.0, 1.0, 2.0), (1, 1, 1, 1.0, 1.0, 2.0), (2, 1, 0, 1.0, 1.0, 1.0),
+           (3, 1, 0, 1.0, 1.0, 1.0), (4, 1, 1, 1.0, 1.0, 2.5)]
+    decided = [1, 1, 1, 0, 1]
+    out = sim.attribute_losses({0: {0: 1.0, 1: 2.0}}, {0: (log, decided)}, warmup=2)
+    assert out["k_star"] == 1
+    # each loss is (r* T - b E) / (r* x 5 s): probe (2 - 1) / 10, off k* (2 - 1) / 10, at k* (2 - 2.5) / 10
+    assert out["warmup"]["loss_share"] == pytest.approx(0.0)
+    assert out["probe"]["loss_share"] == pytest.approx(0.1) and out["probe"]["cycle_share"] == pytest.approx(0.2)
+    assert out["decided_not_k_star"]["loss_share"] == pytest.approx(0.1)
+    assert out["at_k_star"]["loss_share"] == pytest.approx(-0.05)
+    assert out["total"]["loss_share"] == pytest.approx(0.15)
+
+
+def test_decided_depth_tells_probes_apart():
+    from sglang_hybrid.speculative import DepthController
+
+    ctl = DepthController(range(4))
+    assert ctl.decided_depth(4) is None
+    probes = 0
+    for _ in range(12):
+        k = ctl.choose_depth(4)
+        decided = ctl.decided_depth(4)
+        if k != decided:  # a probe runs a neighbour of the decided depth, never a far depth
+            probes += 1
+            assert abs(k - decided) == 1, (k, decided)
+        ctl.observe([k] * 4, k)
+        ctl.record_cycle_cost(k, 4, 1e-3 * (1 + 0.1 * k))
+    assert probes >= 2  # the unmeasured neighbours are profiled first
+    assert ctl.decided_depth(64) is None  # another bucket

@@ -297,3 +297,30 @@ def test_metrics_and_log_line_report_histogram_curve_and_costs():
     assert m["cycle_cost_s"]["8"]["4"]["seconds"] == pytest.approx(1.11e-3)
     line = ctl.format_log_line()
     assert "chosen k [4:5]" in line and "by bucket [b8 4:5]" in line and "k4=1.11" in line
+
+
+def test_change_detection_is_quiet_while_stationary_and_fires_within_a_few_cycles_of_a_jump():
+    # 3,000 stationary cycles of 8 requests (c_i = 0.9 * 0.97^(i-1), depth 4): at 4 standard
+    # errors no reset may fire; then c_1 falls to 0.35 and a reset must follow within 5 cycles.
+    rng = np.random.default_rng(7)
+    est = AcceptanceEstimator(4)
+    plain = AcceptanceEstimator(4, drift_z=math.inf)  # same data, decay only
+
+    def feed(p):
+        c = p * 0.97 ** np.arange(4)
+        lengths = np.cumprod(rng.random((8, 4)) < c, axis=1).sum(axis=1)
+        est.observe(lengths, 4)
+        plain.observe(lengths, 4)
+
+    for _ in range(3000):
+        feed(0.9)
+    assert est.resets == 0
+    assert est.survival()[0] == pytest.approx(0.9, abs=0.03)
+    for n in range(1, 6):
+        feed(0.35)
+        if est.resets:
+            break
+    assert est.resets == 1, n
+    # the slow counts restarted from the fast ones (half-life 4): the estimate has moved far
+    # more than the 40-cycle decay alone moves it in the same cycles
+    assert est.survival()[0] < plain.survival()[0] - 0.1, (est.survival()[0], plain.survival()[0], n)
