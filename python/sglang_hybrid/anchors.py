@@ -332,6 +332,11 @@ ANCHORS: List[Anchor] = [
         "AROUND hook on CPU: groups are built without PyNccl / custom all-reduce (CUDA-only; a CUDA torch build loads libnccl)",
         snippet="use_pynccl = not (_is_npu or _is_xpu or backend == \"mooncake\")",
     ),
+    Anchor(  # CPU --dcp-size > 1 (sglang_hybrid.parallel.cpu_tp, issue 8)
+        "sglang.srt.distributed.parallel_state.initialize_model_parallel",
+        "AROUND hook on CPU: the DCP platform guard (its module's only is_cuda() call) admits the CPU device",
+        snippet="is_hip() or is_cuda() or _is_npu or _is_xpu",
+    ),
 ]
 
 

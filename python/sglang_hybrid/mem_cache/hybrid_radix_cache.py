@@ -166,6 +166,12 @@ class ValueAwareMambaComponent(MambaComponent):
             self.cache._on_device_evict(node, _MAMBA)
         return super().evict_component(node, device_frees, host_frees, cache_actions, target=target, **kw)
 
+    def prepare_for_caching_req(self, req, insert_params, token_ids_len: int, is_finished: bool):
+        """Upstream's; also records the position of a donated state (checked against its node's depth)."""
+        cache_len = super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
+        if cache_len and getattr(insert_params, "mamba_value", None) is not None:
+            self.cache._donated_positions.append(int(cache_len))
+        return cache_len
 
     def _select_finished_checkpoint(self, req, token_ids_len: int):
         """Upstream's choice of the state a finished request donates, gated for decode-end states.
@@ -404,6 +410,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self.placement_warmup = placement_warmup
         self.min_hit_rate = min_hit_rate
         self._pending_end_positions: List[int] = []  # decode-end states donated by the current insert
+        self._donated_positions: List[int] = []  # positions of the states donated by the current insert
         logger.info(
             "HybridRadixCache: page=%d, joint device budget=%s, host tier=%.1f GB",
             self.page_size,
@@ -618,16 +625,26 @@ class HybridRadixCache(UnifiedRadixCache):
         the KV + checkpoint bytes in use fit it (entries locked by running requests
         are never evicted, so a budget below their needs only empties the cache)."""
         self._pending_end_positions.clear()
+        self._donated_positions.clear()
         super().checkpoint(req, up_to=up_to, **kwargs)
-        for pos in self._pending_end_positions:  # feed the decode-end hit rate (placement kind "end")
+        for pos in sorted(set(self._donated_positions) | set(self._pending_end_positions)):
             try:
                 key = RadixKey(req.full_untruncated_fill_ids[:pos], extra_key=getattr(req, "extra_key", None))
                 m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=key))
-                if m.device_prefix_len == pos:
-                    self.note_checkpoint(m.last_device_node, "end")
             except Exception as exc:  # bookkeeping only: the insert itself already happened
-                logger.warning("hybrid cache: decode-end checkpoint at %d not recorded (%s)", pos, exc)
+                logger.warning("hybrid cache: checkpoint at %d not looked up (%s)", pos, exc)
+                continue
+            if pos in self._donated_positions:
+                # The state was computed at ``pos``; the node holding it must end there (case K8:
+                # with a DCP-widened tree page a state off the page would sit on a shallower node).
+                logger.info(
+                    "hybrid-cache checkpoint rid=%s state_pos=%d node_depth=%d tree_page=%d",
+                    getattr(req, "rid", None), pos, m.device_prefix_len, self.page_size,
+                )
+            if pos in self._pending_end_positions and m.device_prefix_len == pos:
+                self.note_checkpoint(m.last_device_node, "end")  # feeds the decode-end hit rate
         self._pending_end_positions.clear()
+        self._donated_positions.clear()
         if self.device_budget_bytes is None:
             return
         before = self.device_used_bytes()

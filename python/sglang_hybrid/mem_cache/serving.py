@@ -68,8 +68,22 @@ def _device_budget_bytes():
     return b
 
 
+def _dcp_size() -> int:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return max(1, int(get_parallel().attn_dcp_size))
+    except Exception:  # config not published (unit tests with fake pools)
+        return 1
+
+
 def _pool_bytes(params) -> tuple:
-    """(KV bytes per token over all full-attention layers, bytes of one state slot)."""
+    """(KV bytes per token over all full-attention layers on this rank, bytes of one state slot).
+
+    Under DCP (``--dcp-size c``) a KV token is a *widened* location and a rank
+    stores one row per ``c`` of them (upstream's owner rule), so a token costs
+    this rank ``row / c`` bytes (rounded up).
+    """
     kv_b = st_b = 1
     try:
         kv = params.token_to_kv_pool_allocator.get_kvcache()
@@ -78,7 +92,7 @@ def _pool_bytes(params) -> tuple:
         bufs = [b for a in ("kv_buffer", "k_buffer", "v_buffer") for b in (getattr(full, a, None) or [])]
         row = sum(b[0].numel() * b.element_size() for b in bufs if b.dim() and b.shape[0])
         if row:
-            kv_b = row
+            kv_b = -(-row // _dcp_size())
         else:
             logger.warning("hybrid cache: no KV buffers found on %s; metrics count tokens", type(full).__name__)
     except Exception as exc:  # byte sizes only feed metrics on the serving path
@@ -90,6 +104,25 @@ def _pool_bytes(params) -> tuple:
     except Exception as exc:
         logger.warning("hybrid cache: state bytes unknown (%s); metrics count slots", exc)
     return kv_b, st_b
+
+
+def _log_kv_per_rank(params) -> None:
+    """Start-up line: this rank's KV pool rows and bytes against the tokens it serves (issue 8, DCP)."""
+    try:
+        alloc = params.token_to_kv_pool_allocator
+        kv = alloc.get_kvcache()
+        full = getattr(kv, "full_kv_pool", kv)
+        bufs = [b for a in ("kv_buffer", "k_buffer", "v_buffer") for b in (getattr(full, a, None) or [])]
+        rows = int(full.size)
+        row = sum(b[0].numel() * b.element_size() for b in bufs if b.dim() and b.shape[0])
+        tokens = int(alloc.size)
+    except Exception as exc:  # report only
+        logger.warning("hybrid cache: KV pool size per rank unknown (%s)", exc)
+        return
+    logger.info(
+        "hybrid cache: KV pool per rank: %d rows x %d B = %d B for %d tokens (DCP %d, tree page %d)",
+        rows, row, rows * row, tokens, _dcp_size(), params.page_size,
+    )
 
 
 def hybrid_cache_factory(ctx):
@@ -125,6 +158,7 @@ def hybrid_cache_factory(ctx):
         )
 
     cache = create_unified_radix_cache(ctx, cache_class=build)
+    _log_kv_per_rank(ctx.params)
     logger.info(
         "hybrid cache: HybridRadixCache (KV %d B/token, checkpoint %d B, joint device budget %s, host tier %.3f GB, "
         "checkpoints per path <= %d)",

@@ -18,7 +18,17 @@ all-reduce, all CUDA-only) when the serving device is the CPU, which is what an
 out-of-tree platform without ``supports_pynccl`` gets from upstream.
 Anchor: ``sglang_hybrid.anchors`` (``init_model_parallel_group``).
 
-Issue 8; docs/parallelism.md ("Serving with --tp 2 on CPU").
+``--dcp-size > 1``: ``initialize_model_parallel`` refuses DCP unless the
+platform is HIP / CUDA / NPU / XPU, although the DCP group it then builds is an
+ordinary ``GroupCoordinator`` (gloo on CPU) and the CPU reference model does its
+own DCP attention over it (``models/kimi_k3/mla.py``). The second hook lets
+that one guard pass on the CPU: for the duration of the call, the module's
+``is_cuda`` answers True; the install checks that the guard is the module's
+only ``is_cuda()`` call, so nothing else in ``parallel_state`` sees the
+override (``is_cuda_alike``, which picks the group device, is a different
+function). Anchor: ``initialize_model_parallel``.
+
+Issue 8; docs/parallelism.md ("Serving with --tp 2 on CPU", "DCP on the server").
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import logging
 logger = logging.getLogger(__name__)
 
 INIT_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
+INIT_PARALLEL = "sglang.srt.distributed.parallel_state.initialize_model_parallel"
+_DCP_GUARD = "is_hip() or is_cuda() or _is_npu or _is_xpu"
 
 # CUDA-only communicators that a CPU group must not build.
 _CUDA_ONLY = ("use_pynccl", "use_custom_allreduce", "use_mscclpp", "use_torch_symm_mem_allreduce")
@@ -39,9 +51,46 @@ def _init_group_without_cuda_communicators(original_fn, *args, **kwargs):
     return original_fn(*args, **kwargs)
 
 
+def _initialize_with_cpu_dcp(original_fn, *args, **kwargs):
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.runtime_context import get_parallel
+
+    if get_parallel().attn_dcp_size <= 1:
+        return original_fn(*args, **kwargs)
+    saved = ps.is_cuda
+    ps.is_cuda = lambda: True  # read only by the DCP platform guard (checked in _check_dcp_guard)
+    try:
+        return original_fn(*args, **kwargs)
+    finally:
+        ps.is_cuda = saved
+
+
+def _check_dcp_guard() -> None:
+    """Fail loudly unless the DCP platform guard is ``parallel_state``'s only ``is_cuda()`` call."""
+    import inspect
+
+    from sglang.srt.distributed import parallel_state as ps
+
+    from sglang_hybrid.anchors import AnchorError
+
+    source = inspect.getsource(ps)
+    if _DCP_GUARD not in inspect.getsource(ps.initialize_model_parallel) or source.count("is_cuda()") != 1:
+        raise AnchorError(
+            f"{INIT_PARALLEL}: expected the DCP platform guard {_DCP_GUARD!r} to be the module's only "
+            "is_cuda() call — needed for --dcp-size > 1 on CPU (sglang_hybrid.parallel.cpu_tp)"
+        )
+
+
 def install() -> None:
-    """Register the AROUND hook on upstream's ``init_model_parallel_group`` (CPU platform only)."""
+    """Register the AROUND hooks on upstream's ``init_model_parallel_group`` and
+    ``initialize_model_parallel`` (CPU platform only).
+
+    Raises:
+        AnchorError: the DCP platform guard changed (see the module docstring).
+    """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    _check_dcp_guard()
     HookRegistry.register(INIT_GROUP, _init_group_without_cuda_communicators, HookType.AROUND)
+    HookRegistry.register(INIT_PARALLEL, _initialize_with_cpu_dcp, HookType.AROUND)
     logger.debug("sglang-hybrid: CPU model-parallel groups built without CUDA communicators")

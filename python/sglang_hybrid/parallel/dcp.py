@@ -2,7 +2,10 @@
 
 Rank ``r`` of a DCP group of ``c`` ranks stores the MLA KV row (``[c | k_pe]``)
 of position ``p`` only when ``p mod c == r`` (issue 8; vLLM/SGLang's interleaved
-DCP layout with interleave size 1). At every forward the group exchanges its
+DCP layout with interleave size 1). KV locations are upstream SGLang's *widened*
+ones (the allocator hands out pages of ``page x c`` locations, page-aligned, so
+``loc mod c == p mod c``); the owner keeps location ``loc`` at its pool row
+``loc // c`` (:func:`dcp_rows`, upstream's ``localize_dcp_indices``). At every forward the group exchanges its
 query heads (all-gather), each rank attends all of the group's heads over its
 own shard and returns ``(o_lat, LSE)``; a second all-gather brings every
 shard's pair to every rank and ``sgl_hybrid_kernel.dcp.merge_partial_attention``
@@ -25,6 +28,22 @@ def dcp_owned(positions: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"rank must be in [0, size={size}), got {rank}")
     return positions % size == rank
+
+
+def dcp_rows(loc: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """This rank's KV pool rows for widened KV locations ``loc`` (int, any shape); ``-1`` where not owned.
+
+    Upstream SGLang 0.5.23's owner rule (``sglang.srt.layers.dcp.layout.localize_dcp_indices``,
+    interleave 1): location ``loc`` lives on DCP rank ``loc mod size`` at row ``loc // size``.
+
+    Raises:
+        ValueError: ``rank`` outside ``[0, size)``.
+    """
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, size={size}), got {rank}")
+    from sglang.srt.layers.dcp.layout import localize_dcp_indices
+
+    return localize_dcp_indices(loc, size, rank)
 
 
 def dcp_partial_attention(

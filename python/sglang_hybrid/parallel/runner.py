@@ -5,8 +5,11 @@ It plays the parts of SGLang's model runner that the reference model reads: a
 attention backend with the MLA KV pool (``get_key_buffer``), ``req_to_token``
 and the KDA state pool, installed through upstream's ``set_forward_context``.
 KDA runs the CPU path of our ``HybridKDAAttnBackend`` (the served code). Under
-DCP the rank allocates pool rows only for the positions it owns
-(``p mod c == dcp_rank``), so its KV memory is ``ceil(L / c)`` rows per layer.
+DCP the KV locations are upstream's widened ones, as the server's allocator
+hands them out: position ``p`` gets location ``c + p`` (the first ``c``
+locations are the scratch page), which its owner (``p mod c == dcp_rank``)
+keeps at pool row ``1 + p // c``; so a rank's KV memory is ``ceil(L / c)`` rows
+per layer.
 
 Used by the multi-process TP/DCP tests (test/srt/parallel) and the benchmark
 (benchmark/parallel); issue 8.
@@ -24,7 +27,7 @@ from sglang.srt.model_executor.forward_context import ForwardContext, set_forwar
 
 from sglang_hybrid.layers.attention.kda_backend import HybridKDAAttnBackend
 from sglang_hybrid.layers.attention.kda_kernel import SglHybridKDAKernel
-from sglang_hybrid.parallel.dcp import dcp_owned
+from sglang_hybrid.parallel.dcp import dcp_rows
 
 
 class _KVPool:
@@ -80,7 +83,7 @@ class SequenceRunner:
             else:
                 self.kv[layer.layer_id] = torch.zeros(rows, 1, kv_width, dtype=dtype)
         self.token_to_kv_pool = _KVPool(self.kv)
-        self.req_to_token_pool = _ReqToTokenPool(torch.zeros(1, rows, dtype=torch.int32), self.states)
+        self.req_to_token_pool = _ReqToTokenPool(torch.zeros(1, max_len, dtype=torch.int32), self.states)
         self.forward_metadata = SimpleNamespace(
             has_mamba_track_mask=False, mamba_cache_indices=torch.tensor([1], dtype=torch.int32), track_chunk_idx=None
         )
@@ -98,12 +101,9 @@ class SequenceRunner:
     def _batch(self, n: int):
         c, r = self.par.dcp_size, self.par.dcp_rank
         positions = torch.arange(self.seq_len, self.seq_len + n)
-        owned = dcp_owned(positions, r, c)
-        out_loc = torch.zeros(n, dtype=torch.int64)  # non-owned tokens point at the scratch row
-        for i in owned.nonzero(as_tuple=True)[0].tolist():
-            self.kv_rows_used += 1
-            self.req_to_token_pool.req_to_token[0, self.kv_rows_used - 1] = self.kv_rows_used
-            out_loc[i] = self.kv_rows_used
+        out_loc = positions + c  # widened locations; the first page (locations [0, c)) is scratch
+        self.req_to_token_pool.req_to_token[0, self.seq_len : self.seq_len + n] = out_loc.to(torch.int32)
+        self.kv_rows_used += int((dcp_rows(out_loc, r, c) >= 0).sum()) if c > 1 else n
         decode = self.seq_len > 0 and n == 1
         mode = ForwardMode.DECODE if decode else ForwardMode.EXTEND
         return SimpleNamespace(

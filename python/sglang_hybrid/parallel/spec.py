@@ -68,25 +68,34 @@ class ParallelSpec:
             raise ValueError(f"dcp_size={self.dcp_size} must divide tp_size={self.tp_size}")
 
     @classmethod
-    def from_sglang(cls) -> "ParallelSpec":
-        """This process's placement in a running SGLang server (``--tp``), on upstream's TP group.
+    def from_sglang(cls, allow_dcp: bool = False) -> "ParallelSpec":
+        """This process's placement in a running SGLang server (``--tp``, ``--dcp-size``), on upstream's groups.
 
-        Collectives run on the TP group's ``device_group`` (gloo when
-        ``--device cpu``). Called at model construction, after upstream built
-        its model-parallel groups.
+        Collectives run on the TP group's and the DCP group's ``device_group``
+        (gloo when ``--device cpu``). Called at model construction, after
+        upstream built its model-parallel groups (the DCP groups are
+        ``dcp_size`` consecutive TP ranks, ``dcp_rank = tp_rank % dcp_size``).
+
+        Args:
+            allow_dcp: the model serves ``--dcp-size > 1`` (the Kimi K3 MLA layer,
+                through upstream's widened KV locations; docs/parallelism.md).
 
         Raises:
-            NotImplementedError: ``--dcp-size > 1`` (served DCP is not wired; the
-                model-level DCP path is ``sglang_hybrid.parallel.runner``).
+            NotImplementedError: ``--dcp-size > 1`` for a model that does not
+                pass ``allow_dcp``.
         """
         from sglang.srt.distributed import parallel_state as ps
 
         tp = ps.get_tensor_model_parallel_world_size()
         dcp_group = ps.get_dcp_group_no_assert()
-        if dcp_group is not None and dcp_group.world_size > 1:
-            raise NotImplementedError("the CPU reference models are served with --dcp-size 1 (docs/parallelism.md)")
+        dcp = dcp_group.world_size if dcp_group is not None else 1
+        if dcp > 1 and not allow_dcp:
+            raise NotImplementedError("this CPU reference model is served with --dcp-size 1 (docs/parallelism.md)")
         group = ps.get_tp_group().device_group if tp > 1 else None
-        return cls(tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp, tp_group=group)
+        return cls(
+            tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp, tp_group=group,
+            dcp_size=dcp, dcp_group=dcp_group.device_group if dcp > 1 else None,
+        )
 
     @property
     def dcp_rank(self) -> int:

@@ -12,6 +12,7 @@ from sglang_hybrid.parallel import (
     ParallelSpec,
     dcp_owned,
     dcp_partial_attention,
+    dcp_rows,
     mla_kv_bytes_per_rank,
     owned_output_rows,
     owned_weight_bytes_saved,
@@ -48,6 +49,20 @@ class TestDcpAttention(unittest.TestCase):
         masks = torch.stack([dcp_owned(pos, r, 3) for r in range(3)])
         self.assertTrue(torch.equal(masks.sum(0), torch.ones(23, dtype=torch.long)))
         self.assertEqual(pos[masks[1]].tolist(), list(range(1, 23, 3)))
+
+    def test_widened_locations_map_to_dense_rows_of_the_position_owner(self):
+        # Two requests on widened pages of 4 x 3 = 12 locations (pages 2 and 5), 17 and 9 tokens:
+        # the owner of a location is the owner of its position, and each rank's rows are dense per page.
+        c, wpage = 3, 12
+        for base, n in ((2 * wpage, 17), (5 * wpage, 9)):
+            pos = torch.arange(n)
+            loc = base + pos
+            rows = torch.stack([dcp_rows(loc, r, c) for r in range(c)])
+            for r in range(c):
+                self.assertTrue(torch.equal(rows[r] >= 0, dcp_owned(pos, r, c)))
+                self.assertEqual(rows[r][rows[r] >= 0].tolist(), list(range(base // c, base // c + len(range(r, n, c)))))
+        with self.assertRaisesRegex(ValueError, "rank"):
+            dcp_rows(torch.arange(4), 2, 2)
 
     def test_sharded_attention_merged_equals_full_attention(self):
         # FP64: 3 DCP shards of a 10-token history + 4 new tokens; query at position 0..1

@@ -20,13 +20,13 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from sgl_hybrid_kernel.dcp import dcp_local_positions, merge_partial_attention
+from sgl_hybrid_kernel.dcp import merge_partial_attention
 from sgl_hybrid_kernel.mla.reference import mla_attention_absorbed
 from sgl_hybrid_kernel.norm.reference import rms_norm
 
 from sglang_hybrid.models.kimi_k3.kda import _param
 from sglang_hybrid.models.kimi_k3.weights import ShardSpec
-from sglang_hybrid.parallel.dcp import dcp_owned, dcp_partial_attention
+from sglang_hybrid.parallel.dcp import dcp_partial_attention, dcp_rows
 from sglang_hybrid.parallel.spec import ParallelSpec
 
 
@@ -36,10 +36,13 @@ class KimiK3MLA(nn.Module):
     TP (``parallel.tp_size = t``): a rank keeps ``H / t`` query heads (rows of
     ``q_proj`` / ``q_b_proj``, ``kv_b_proj``, ``g_proj``; columns of ``o_proj``,
     row-parallel with one all-reduce); the latent path (``kv_a_proj_with_mqa``)
-    is replicated. DCP (``parallel.dcp_size = c``): the rank's KV pool holds only
-    positions ``p mod c == dcp_rank`` (``forward_batch.positions`` gives the new
-    tokens' positions; ``req_to_token`` lists the rank's own rows in position
-    order); see ``sglang_hybrid.parallel.dcp``.
+    is replicated. DCP (``parallel.dcp_size = c``): ``out_cache_loc`` and
+    ``req_to_token`` hold upstream's *widened* KV locations (allocator page =
+    page x c); the rank stores location ``loc`` only when ``loc mod c ==
+    dcp_rank``, at pool row ``loc // c`` (upstream's owner rule,
+    ``sglang.srt.layers.dcp.layout.localize_dcp_indices``); with page-aligned
+    widened pages that is position ``p mod c == dcp_rank``. See
+    ``sglang_hybrid.parallel.dcp``.
     """
 
     def __init__(self, config, layer_id: int, parallel: Optional[ParallelSpec] = None):
@@ -123,8 +126,9 @@ class KimiK3MLA(nn.Module):
         rows_new = torch.cat([latent, k_pe], dim=-1).unsqueeze(1).to(kv_buffer.dtype)
         c = self.parallel.dcp_size
         if c > 1:
-            owned = dcp_owned(forward_batch.positions[:N].long(), self.parallel.dcp_rank, c)
-            kv_buffer[loc[owned]] = rows_new[owned]
+            local = dcp_rows(loc, self.parallel.dcp_rank, c)  # widened loc -> this rank's row, -1 elsewhere
+            owned = local >= 0
+            kv_buffer[local[owned]] = rows_new[owned]
         else:
             kv_buffer[loc] = rows_new
 
@@ -186,8 +190,9 @@ class KimiK3MLA(nn.Module):
                 continue
             sl = slice(start, start + n)
             start += n
-            key_pos = dcp_local_positions(total, par.dcp_rank, c)  # this rank's rows, ascending
-            hist = kv_buffer[req_to_token[row, : key_pos.numel()].long(), 0]  # [local, R + rope]
+            local = dcp_rows(req_to_token[row, :total].long(), par.dcp_rank, c)
+            key_pos = (local >= 0).nonzero(as_tuple=True)[0]  # positions this rank stores, ascending
+            hist = kv_buffer[local[key_pos], 0]  # [local, R + rope]
             o, lse = dcp_partial_attention(
                 q_all[sl, :, :R], q_all[sl, :, R:], hist[:, :R], hist[:, R:], key_pos, qpos[sl], self.scale
             )

@@ -203,8 +203,7 @@ class KimiK3ReferenceForCausalLM(nn.Module):
 
     ``forward(input_ids [N], positions [N], forward_batch)`` returns upstream's
     ``LogitsProcessorOutput``. Limits (each raises ``NotImplementedError`` at
-    construction): served with --dcp-size 1 only, SiLU experts, sigmoid
-    routing, full-rank KDA output gate.
+    construction): SiLU experts, sigmoid routing, full-rank KDA output gate.
 
     ``parallel`` (issue 8, docs/parallelism.md): a ``ParallelSpec`` builds this
     rank's TP / DCP shard of the model for model-level runs
@@ -212,7 +211,8 @@ class KimiK3ReferenceForCausalLM(nn.Module):
     replicated and ``forward`` is not used (no upstream logits processor).
     ``None`` (the server path) takes the placement from upstream's TP group
     (``ParallelSpec.from_sglang``; ``--tp t`` shards heads, experts and the
-    vocabulary as in the model-level runs).
+    vocabulary as in the model-level runs; ``--dcp-size c`` shards the MLA KV
+    by position over upstream's DCP group, docs/parallelism.md).
     """
 
     def __init__(self, config, quant_config=None, prefix: str = "", parallel: Optional[ParallelSpec] = None):
@@ -223,9 +223,16 @@ class KimiK3ReferenceForCausalLM(nn.Module):
         if served:
             # Served (``--tp t``): this rank's shard on upstream's TP group; the
             # vocabulary is split by upstream's VocabParallelEmbedding / ParallelLMHead.
-            parallel = ParallelSpec.from_sglang()
+            parallel = ParallelSpec.from_sglang(allow_dcp=True)
         self.parallel = parallel
         self.config = config
+        if served and parallel.dcp_size > 1:
+            logger.info(
+                "Kimi K3 reference: TP rank %d/%d, DCP rank %d/%d: this rank stores the MLA KV of positions "
+                "p mod %d == %d and merges (output, LSE) over upstream's DCP group",
+                parallel.tp_rank, parallel.tp_size, parallel.dcp_rank, parallel.dcp_size, parallel.dcp_size,
+                parallel.dcp_rank,
+            )
         for op in ("mla_attention", "moe_routing", "moe_experts", "attn_res_mix", "rms_norm"):
             record_choice(op, "torch", "Kimi K3 CPU reference model (plain-torch oracle)", log=logger)
         self.model = KimiK3ReferenceModel(config, parallel, served)
