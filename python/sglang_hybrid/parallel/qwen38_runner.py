@@ -12,14 +12,13 @@ path of our ``HybridGDNAttnBackend``, the served code) and the PLE side pools
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import List
 
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
 
 from sglang_hybrid.layers.attention.gdn_backend import HybridGDNAttnBackend
+from sglang_hybrid.parallel.runner import GreedySequenceRunner
 
 _SLOT = 1  # the request's state slot (slot 0 stays unused, as upstream keeps it)
 
@@ -62,7 +61,7 @@ class _StatePool:
         return self.ple_conv[layer_id]
 
 
-class Qwen38SequenceRunner:
+class Qwen38SequenceRunner(GreedySequenceRunner):
     """Runs ``model`` (a ``Qwen38TextModel``, possibly cut by ``shard_qwen38_text_model``) on one sequence.
 
     Args:
@@ -106,12 +105,6 @@ class Qwen38SequenceRunner:
         self._torch_path = True  # HybridGDNAttnBackend's CPU path
         self.seq_len = 0
 
-    # The attention-backend entry that RadixLinearAttention calls.
-    def forward(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        if forward_batch.forward_mode.is_decode():
-            return self.forward_decode(layer, forward_batch, mixed_qkv, a, b)
-        return self.forward_extend(layer, forward_batch, mixed_qkv, a, b)
-
     def _batch(self, n: int):
         positions = torch.arange(self.seq_len, self.seq_len + n)
         out_loc = positions + 1
@@ -125,26 +118,6 @@ class Qwen38SequenceRunner:
             mamba_track_mask=None, mamba_track_indices=None, global_num_token_non_padded_cpu=n,
         )
 
-    @torch.no_grad()
-    def step(self, token_ids: List[int]) -> torch.Tensor:
-        n = len(token_ids)
-        if n < 1:
-            raise ValueError("token_ids must hold at least one token")
-        fb = self._batch(n)
-        prev = set_forward_context(ForwardContext(attn_backend=self))
-        try:
-            hidden, _ = self.model(torch.tensor(token_ids), fb.positions, fb)
-        finally:
-            set_forward_context(prev)
-        self.seq_len += n
+    def _logits(self, ids: torch.Tensor, fb) -> torch.Tensor:
+        hidden, _ = self.model(ids, fb.positions, fb)
         return (hidden @ self.lm_head.t()).float()
-
-    @torch.no_grad()
-    def greedy(self, prompt: List[int], steps: int):
-        """Prefill ``prompt`` then decode ``steps`` tokens greedily; returns (tokens, [logits of each step])."""
-        logits = [self.step(prompt)[-1]]
-        tokens = []
-        for _ in range(steps):
-            tokens.append(int(logits[-1].argmax()))
-            logits.append(self.step([tokens[-1]])[-1])
-        return tokens, torch.stack(logits)

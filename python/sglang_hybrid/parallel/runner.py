@@ -47,7 +47,51 @@ class _ReqToTokenPool:
         return self.linear_states[layer_id]
 
 
-class SequenceRunner:
+class GreedySequenceRunner:
+    """Shared driver of the model-level runners: the attention-backend entry, ``step`` and ``greedy``.
+
+    Subclasses provide ``_batch(n)`` (a ``ForwardBatch``-like object for ``n`` new
+    tokens at ``self.seq_len``) and ``_logits(token_ids, forward_batch)`` (FP32
+    ``[n, vocab]``), plus the backend's ``forward_extend`` / ``forward_decode``.
+    """
+
+    # The attention-backend entry that RadixLinearAttention calls.
+    def forward(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(layer, forward_batch, mixed_qkv, a, b)
+        return self.forward_extend(layer, forward_batch, mixed_qkv, a, b)
+
+    @torch.no_grad()
+    def step(self, token_ids: List[int]) -> torch.Tensor:
+        """Append ``token_ids`` (prefill, or decode for one token after a prefill); FP32 logits ``[n, vocab]``.
+
+        Raises:
+            ValueError: ``token_ids`` is empty.
+        """
+        n = len(token_ids)
+        if n < 1:
+            raise ValueError("token_ids must hold at least one token")
+        fb = self._batch(n)
+        prev = set_forward_context(ForwardContext(attn_backend=self))
+        try:
+            logits = self._logits(torch.tensor(token_ids), fb)
+        finally:
+            set_forward_context(prev)
+        self.seq_len += n
+        return logits
+
+    @torch.no_grad()
+    def greedy(self, prompt: List[int], steps: int):
+        """Prefill ``prompt`` then decode ``steps`` tokens greedily; returns (tokens, [logits of each step])."""
+        logits = [self.step(prompt)[-1]]
+        tokens = []
+        for _ in range(steps):
+            tokens.append(int(logits[-1].argmax()))
+            logits.append(self.step([tokens[-1]])[-1])
+        return tokens, torch.stack(logits)
+
+
+class SequenceRunner(GreedySequenceRunner):
     """Runs ``model`` (a ``KimiK3ReferenceForCausalLM`` built with a ``ParallelSpec``) on one sequence.
 
     Args:
@@ -92,12 +136,6 @@ class SequenceRunner:
         self.seq_len = 0
         self.kv_rows_used = 0
 
-    # The attention-backend entry that RadixLinearAttention calls.
-    def forward(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        if forward_batch.forward_mode.is_decode():
-            return self.forward_decode(layer, forward_batch, mixed_qkv, a, b)
-        return self.forward_extend(layer, forward_batch, mixed_qkv, a, b)
-
     def _batch(self, n: int):
         c, r = self.par.dcp_size, self.par.dcp_rank
         positions = torch.arange(self.seq_len, self.seq_len + n)
@@ -113,26 +151,5 @@ class SequenceRunner:
             global_num_token_non_padded_cpu=n, mamba_track_mask=None,
         )
 
-    @torch.no_grad()
-    def step(self, token_ids: List[int]) -> torch.Tensor:
-        n = len(token_ids)
-        if n < 1:
-            raise ValueError("token_ids must hold at least one token")
-        fb = self._batch(n)
-        prev = set_forward_context(ForwardContext(attn_backend=self))
-        try:
-            hidden = self.model.model(torch.tensor(token_ids), fb)
-        finally:
-            set_forward_context(prev)
-        self.seq_len += n
-        return (hidden @ self.model.lm_head.weight.t()).float()
-
-    @torch.no_grad()
-    def greedy(self, prompt: List[int], steps: int):
-        """Prefill ``prompt`` then decode ``steps`` tokens greedily; returns (tokens, [logits of each step])."""
-        logits = [self.step(prompt)[-1]]
-        tokens = []
-        for _ in range(steps):
-            tokens.append(int(logits[-1].argmax()))
-            logits.append(self.step([tokens[-1]])[-1])
-        return tokens, torch.stack(logits)
+    def _logits(self, ids: torch.Tensor, fb) -> torch.Tensor:
+        return (self.model.model(ids, fb) @ self.model.lm_head.weight.t()).float()
