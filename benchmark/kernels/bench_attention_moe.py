@@ -410,9 +410,8 @@ def _paged_gather_read_kernel(k_ptr, v_ptr, pt_ptr, sink_ptr, L, stride_pt, stri
 
 
 QSA_DENSE_SWEEP = (  # (splits, block_n, warps, stages, merge): merge 0 = DCP merge kernel, h = qsa_merge_kernel, h heads
-    [(s, bn, w, st, m) for s in (3, 4, 8) for bn, w, st in ((32, 4, 2), (64, 4, 3)) for m in (0, 4)]
-    + [(s, bn, w, st, 4) for s in (2, 16) for bn, w, st in ((32, 4, 2), (64, 4, 3))]
-    + [(4, 64, 4, 2, 4), (4, 64, 8, 3, 4), (4, 64, 4, 3, 8)]
+    [(s, 64, 4, 3, 4) for s in (2, 3, 4, 8)] + [(4, 64, 4, 3, 0), (4, 64, 4, 3, 8), (4, 64, 4, 2, 4), (4, 64, 8, 3, 4), (2, 64, 4, 4, 4)]
+    + [(s, 32, 4, 3, 4) for s in (4, 6, 8)] + [(s, 32, 4, 4, 4) for s in (4, 8)]
 )
 
 
@@ -500,7 +499,11 @@ def sec_qsa(sweep):
 
         row["prev_kernel"] = os.path.basename(prev_path)
         row["prev_kernel_sparse_us"] = run_prev(idx, auto_sparse, **prev.default_tile("cuda", True))
-        row["prev_kernel_dense_us"] = run_prev(None, 8, **prev.default_tile("cuda", False))
+        prev_splits = (choose_qsa_splits(B * Hkv, L, programs_per_sm=prev.dense_programs_per_sm("cuda"))
+                       if hasattr(prev, "dense_programs_per_sm") else 8)  # the previous file's own dispatch choice
+        row["prev_kernel_dense_splits"] = prev_splits
+        row["prev_kernel_dense_us"] = run_prev(None, prev_splits, **prev.default_tile("cuda", False))
+        row["dense_after_prev_us"] = run(None, auto, **dense_tile)
         row["sparse_after_prev_us"] = run(idx, auto_sparse, **qsa_tile("cuda", True))
     if sweep:
         sw = {}

@@ -21,8 +21,8 @@ def choose_qsa_splits(programs: int, positions: int, num_sms: int = 132, min_pos
     least ``min_positions``. ``programs_per_sm``: programs of the tile resident on one SM
     (``dense_programs_per_sm`` for the dense walk). H200 sweeps at C32 x 5 positions, 2 KV heads,
     2,000 visible positions: sparse (320 programs, 6) -> 2 partitions (89.7 us vs 209.5 with one);
-    dense with the 64-position 3-stage tile (82 KB of shared memory, 2 per SM; 64 programs) -> 4
-    (32.9 us; 2 / 8 / 16 partitions: 42.1 / 37.6 / 49.1 us; issue 5, 2026-11-29 sweep).
+    dense with the 64-position 3-stage tile (112 KB of shared memory, 2 per SM; 64 programs) -> 4
+    (29.9 us; 2 / 3 / 8 partitions: 31.1 / 30.4 / 36.5 us; issue 5, 2026-11-29 page-prefetch sweep).
     """
     target = max(1, (programs_per_sm * num_sms) // max(programs, 1))
     return max(1, min(1 << (target.bit_length() - 1), max(1, positions // min_positions), 64))
@@ -30,13 +30,13 @@ def choose_qsa_splits(programs: int, positions: int, num_sms: int = 132, min_pos
 
 def dense_programs_per_sm(platform: str) -> int:
     """Programs of the default dense tile resident per SM / CU (``choose_qsa_splits``'s ``programs_per_sm``):
-    2 for the CUDA tile (82 KB of shared memory each), else 6 as for the sparse walk."""
+    2 for the CUDA tile (112 KB of shared memory each), else 6 as for the sparse walk."""
     return 2 if platform == "cuda" else 6
 
 
 def default_tile(platform: str, sparse: bool) -> dict:
     """Launch options per platform and walk. CUDA: the fastest configs of the H200 sweeps
-    (dense: 64-position tile, 3 stages, 82 KB shared memory, no spills at the launch's
+    (dense: 64-position tile, 3 stages, 112 KB shared memory, no spills at the launch's
     divisibility specialisation; partitions merged by ``qsa_merge_kernel``, 4 heads per program);
     CDNA: the compile gate's spill-free configs (DCP merge)."""
     if platform == "cuda":

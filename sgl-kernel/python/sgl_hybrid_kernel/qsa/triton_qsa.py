@@ -9,7 +9,9 @@ One kernel, two walks (``SPARSE`` constexpr), grid ``(query groups, KV heads, sp
 * dense: a program is all ``T`` rows of one request (e.g. 5 verification
   positions) x ``G`` heads packed into one tile (12 x 5 = 60 rows of 64), walking
   the page table densely over the causal prefix: each K/V tile is read once and
-  shared by the request's verification queries (seeds digest item 13). Few
+  shared by the request's verification queries (seeds digest item 13); the page ids
+  of tile i + 1 are read during iteration i, so the K/V copies of the next tiles are
+  in flight while tile i is computed. Few
   requests x KV heads leave the GPU idle, so the prefix is split into
   ``NUM_SPLITS`` partitions (grid axis 2) whose FP32 partials are merged by their LSE
   in a second launch (``qsa_merge_kernel``: one ``[heads, partitions, DV]`` load per
@@ -102,16 +104,25 @@ def qsa_attention_kernel(
     split_len = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, hi)
+    if SPARSE:
+        page_next = offs_n  # unused: the sparse walk reads its pages inside the loop
+    else:
+        # dense: the page ids of tile i + 1 are read in iteration i (a loop-carried register), so the
+        # K/V copies' addresses no longer wait on a load of their own iteration and the software
+        # pipeliner keeps NUM_STAGES - 1 K/V tiles in flight instead of one (issue 5)
+        page_next = tl.load(pt_row + (lo + offs_n) // PAGE_SIZE, mask=lo + offs_n < hi, other=0)
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + offs_n
         if SPARSE:
             blk = tl.load(idx_ptr + n0.to(tl.int64) * stride_in + j // RATIO, mask=j < hi, other=-1)
             pos = blk * RATIO + j % RATIO
             pvalid = (blk >= 0) & (pos < kv_len)
+            page = tl.load(pt_row + pos // PAGE_SIZE, mask=pvalid, other=0)
         else:
             pos = j
             pvalid = pos < hi
-        page = tl.load(pt_row + pos // PAGE_SIZE, mask=pvalid, other=0)
+            page = page_next
+            page_next = tl.load(pt_row + (j + BLOCK_N) // PAGE_SIZE, mask=j + BLOCK_N < hi, other=0)
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=pvalid[:, None], other=0.0)
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + offs_v[None, :], mask=pvalid[:, None], other=0.0)
