@@ -121,6 +121,32 @@ ANCHORS: List[Anchor] = [
         "SglHybridMLAExtend keeps upstream's extend_attention_fwd signature",
         snippet="extend_seq_lens_cpu=None,\n    identity_kv_indices: bool = False,",
     ),
+    # sgl_hybrid_mla DCP merge (issue 5): layers/attention/dcp_merge_hook.py.
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.cp_lse_ag_out_rs_mha",
+        "AROUND hook: the module-level name TritonAttnBackend calls for the DCP merge (ours under sgl_hybrid_mla)",
+        snippet="return_lse: bool = False,",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
+        "dcp_merge_hook: DCP decode merges all-head partials [R, H, D] through the hooked name",
+        snippet="o = cp_lse_ag_out_rs_mha(o_for_decode, local_lse, group)",
+    ),
+    Anchor(
+        "sglang.srt.layers.attention.triton_backend.TritonAttnBackend._forward_extend_dcp",
+        "dcp_merge_hook: DCP extend merges the prefix partials through the hooked name (LSE returned)",
+        snippet="prefix_out, prefix_lse = cp_lse_ag_out_rs_mha(\n            prefix_out, prefix_lse, group, return_lse=True\n        )",
+    ),
+    Anchor(
+        "sglang.srt.distributed.parallel_state.GroupCoordinator.all_to_all_single",
+        "dcp_merge_hook exchanges head groups with the DCP group's all_to_all_single(output, input)",
+        snippet="def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor):",
+    ),
+    Anchor(
+        "sglang.srt.distributed.parallel_state.GroupCoordinator._all_to_all_single",
+        "dcp_merge_hook on CPU tensors: the body of the GPU-only custom op, all_to_all_single on the gloo device_group",
+        snippet="torch.distributed.all_to_all_single(output, input, group=self.device_group)",
+    ),
     # --attention-backend sgl_hybrid_qsa (issue 5): layers/attention/qsa_backend.py.
     Anchor(
         "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",

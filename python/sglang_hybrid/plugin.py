@@ -108,6 +108,9 @@ def register() -> None:
     from sglang_hybrid.layers.attention import mla_backend
 
     mla_backend.install()  # --attention-backend sgl_hybrid_mla (Kimi K3 MLA decode), docs/kernels.md#wiring
+    from sglang_hybrid.layers.attention import dcp_merge_hook
+
+    dcp_merge_hook.install()  # sgl_hybrid_mla under DCP: all-to-all + our merge instead of all-reduce + slice
     from sglang_hybrid.layers.attention import qsa_backend
 
     qsa_backend.install()  # --attention-backend sgl_hybrid_qsa (Qwen3.8 QSA decode / chain verify), docs/kernels.md#wiring

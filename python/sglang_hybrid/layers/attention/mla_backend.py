@@ -10,9 +10,10 @@ the instance attributes ``decode_attention_fwd`` and ``extend_attention_fwd``
 :class:`SglHybridMLAExtend`, which run ``sgl_hybrid_kernel.mla.dispatch``
 (Triton split-KV, aiter on ROCm through the head-padding adapter for decode,
 torch on CPU). Decode writes upstream's ``o`` and ``attn_lse``: with DCP,
-upstream's collective (``cp_lse_ag_out_rs_mha``) merges the per-rank
-``(o, lse)`` pairs our kernel returns. Extend covers chunked prefill after a
-prefix-cache hit and chain target-verify (causal over prefix + new rows, read
+the per-rank ``(o, lse)`` pairs reach upstream's ``cp_lse_ag_out_rs_mha`` call,
+which :mod:`.dcp_merge_hook` turns into one all-to-all of head groups and our
+merge kernel while this backend's ``forward_decode`` / ``forward_extend``
+run. Extend covers chunked prefill after a prefix-cache hit and chain target-verify (causal over prefix + new rows, read
 from the paged cache where upstream's ``forward_extend`` has just written them:
 ``forward_extend`` is wrapped to hand over ``out_cache_loc``). Calls outside our
 contract go to upstream's kernels: page size > 1, attention sinks,
@@ -35,6 +36,7 @@ import torch
 
 from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.mla.dispatch import mla_decode, mla_extend
+from sglang_hybrid.layers.attention import dcp_merge_hook
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +266,8 @@ class SglHybridMLAExtend:
         o.copy_(out.view_as(o))
         lse_out.copy_(lse)
         record_choice("mla_extend_dcp_backend", "sgl_hybrid", "--attention-backend sgl_hybrid_mla: sgl_hybrid_kernel.mla "
-                      "for upstream's DCP extend calls (new rows causal; prefix shard non-causal), merged by upstream",
+                      "for upstream's DCP extend calls (new rows causal; prefix shard non-causal), merged by upstream "
+                      "(cross-rank step: dcp_merge_hook)",
                       log=logger)
 
 
@@ -274,15 +277,27 @@ def _wrap_forward_extend(backend, ext: SglHybridMLAExtend):
     def forward_extend(q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs):
         ext.batch = (forward_batch, bool(save_kv_cache) and k is not None and v is not None)
         try:
-            return original(q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+            with dcp_merge_hook.serving():  # upstream's DCP extend merge -> ours (dcp_merge_hook)
+                return original(q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
         finally:
             ext.batch = None
 
     return forward_extend
 
 
+def _wrap_forward_decode(backend):
+    original = backend.forward_decode
+
+    def forward_decode(*args, **kwargs):
+        with dcp_merge_hook.serving():  # upstream's DCP decode merge -> ours (dcp_merge_hook)
+            return original(*args, **kwargs)
+
+    return forward_decode
+
+
 def create_backend(runner):
-    """``register_attention_backend`` factory: upstream's Triton backend with our MLA decode and extend."""
+    """``register_attention_backend`` factory: upstream's Triton backend with our MLA decode and extend, and
+    (through :func:`dcp_merge_hook.serving` around ``forward_decode`` / ``forward_extend``) our DCP merge."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     backend = TritonAttnBackend(runner)
@@ -290,6 +305,7 @@ def create_backend(runner):
     ext = SglHybridMLAExtend(backend.extend_attention_fwd, backend)
     backend.extend_attention_fwd = ext
     backend.forward_extend = _wrap_forward_extend(backend, ext)
+    backend.forward_decode = _wrap_forward_decode(backend)
     return backend
 
 
