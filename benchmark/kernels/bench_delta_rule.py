@@ -568,6 +568,126 @@ def bench_group_scan(results):
     results["group_scan"] = rows
 
 
+CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
+# (name, ChunkLaunch fields replaced on this device's entry); fields the package does not have are skipped,
+# so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
+CHUNK_STATE_VARIANTS = [
+    ("table", {}),
+    ("st1", dict(state_stages=1)),
+    ("st2", dict(state_stages=2)),
+    ("st4", dict(state_stages=4)),
+    ("late", dict(state_early=False)),
+]
+
+
+PARTIAL_OUT = None  # main(): --out, rewritten after every chunk-state variant
+
+
+def _load_baseline(path):
+    """``gated_delta_chunk_triton`` and ``chunk_parallel`` of another checkout's package (``path``
+    holds ``sgl_hybrid_kernel``), imported beside this one: the baseline timed in the same process."""
+    import importlib
+    import sys
+
+    mine = {n: m for n, m in sys.modules.items() if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")}
+    for n in mine:
+        del sys.modules[n]
+    sys.path.insert(0, path)
+    try:
+        fn = importlib.import_module("sgl_hybrid_kernel.delta_rule.chunk").gated_delta_chunk_triton
+        mod = importlib.import_module("sgl_hybrid_kernel.delta_rule.chunk_parallel")
+    finally:
+        sys.path.remove(path)
+        for n in [n for n in sys.modules if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")]:
+            del sys.modules[n]
+        sys.modules.update(mine)
+    return fn, mod
+
+
+def bench_chunk_state(results, variants=None, baseline=None):
+    """Chunk-64 prefill (issue 4), Kimi K3 TP8 (12 KDA heads x 128, safe gate, BF16 activations, TF32
+    products, BF16 intermediates): launch-table variants of the state pass (value tile, warps,
+    pipelining stages) and the in-chunk kernel's warps, vs fla ``chunk_kda`` in the same process;
+    eager ``do_bench`` median and the profiler's per-kernel times; relative difference to fla.
+    ``baseline``: path of an older checkout's package, timed as variant ``baseline`` (its table)."""
+    import dataclasses
+
+    from fla.ops.kda import chunk_kda
+
+    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp_mod
+    from sgl_hybrid_kernel.platform import device_platform
+
+    base_fn = _load_baseline(baseline)[0] if baseline else None
+    key = device_platform(torch.device(DEV)).key
+    base = cp_mod.device_chunk_launch(torch.device(DEV))
+    fields = {f.name for f in dataclasses.fields(base)}
+    rows = []
+    results["chunk_state"] = rows
+    H, K, V = 12, 128, 128
+    A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
+    for B, T in CHUNK_STATE_SHAPES:
+        N = B * T
+        q, k, v = (torch.randn(N, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
+        f = torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16)
+        b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
+        cu = torch.arange(0, N + 1, T, device=DEV, dtype=torch.int32)
+        pool0 = torch.randn(B, H, K, V, device=DEV) * 0.1
+        pool = pool0.clone()
+        idx = torch.arange(B, device=DEV, dtype=torch.int32)
+        cu64 = cu.long()
+
+        def fla_call():
+            return chunk_kda(q.view(1, N, H, K), k.view(1, N, H, K), v.view(1, N, H, V), f.view(1, N, H, K), b.view(1, N, H),
+                             scale=K ** -0.5, initial_state=pool, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                             use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LB,
+                             A_log=A, dt_bias=dtb, cu_seqlens=cu64)
+
+        fms = triton.testing.do_bench(fla_call, warmup=50, rep=300, return_mode="median")
+        fper, ftot = _kernel_us(fla_call)
+        pool.copy_(pool0)
+        o_fla, s_fla = fla_call()
+        o_fla = o_fla.view(N, H, V).float()
+        row = dict(op="kda_chunk_prefill_state_pass", B=B, T=T, H=H, K=K, V=V, launch_base=str(base), fla_ms=fms,
+                   fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot, fla_kernel_us_per_call=fper, variants={})
+        rows.append(row)
+        print(B, T, f"fla {fms:.3f} ms, kernels {ftot:.1f} us", flush=True)
+        runs = [("baseline", None)] if baseline else []
+        for name, over in runs + list(variants or CHUNK_STATE_VARIANTS):
+            if over is None:
+                fn = base_fn
+            elif not set(over) <= fields:
+                continue
+            else:
+                fn = gated_delta_chunk_triton
+                cp_mod.CHUNK_LAUNCH[key] = dataclasses.replace(base, **over)
+            call = lambda: fn(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB,  # noqa: E731
+                              method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False)
+            try:
+                ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+                per, tot = _kernel_us(call)
+                pool.copy_(pool0)
+                o = call().float()
+            except Exception as exc:
+                print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
+                continue
+            state_us = sum(t for kname, t in per.items() if "chunk_state" in kname)
+            intra_us = sum(t for kname, t in per.items() if "chunk_intra" in kname)
+            r = dict(overrides=over if over is not None else f"package at {baseline}", ms=ms, mtok_s=N / (ms * 1e-3) / 1e6, vs_fla=fms / ms, kernel_sum_us=tot,
+                     kernel_sum_vs_fla=ftot / tot, state_us=state_us, intra_us=intra_us, kernel_us_per_call=per,
+                     rel_diff_o_vs_fla=rel(o, o_fla), rel_diff_state_vs_fla=rel(pool, s_fla),
+                     nan=bool(o.isnan().any() or pool.isnan().any()))
+            row["variants"][name] = r
+            if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
+                with open(PARTIAL_OUT, "w") as fh:
+                    json.dump(results, fh, indent=1)
+            print(f"  {B} {T} {name}: {ms:.3f} ms ({r['vs_fla']:.3f}x fla), kernels {tot:.0f} us (state {state_us:.0f}, "
+                  f"intra {intra_us:.0f}), rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}",
+                  flush=True)
+        cp_mod.CHUNK_LAUNCH[key] = base
+        del q, k, v, f, b
+        torch.cuda.empty_cache()
+
+
 def bench_decode_b1_value_tiles(results, ceiling):
     """KDA decode at B=1 (12 heads x 128, state from a pool larger than L2, graph replay) for
     value tiles 4..64 (12 x 128 / BV programs), against the tuned table's default tile."""
@@ -597,17 +717,23 @@ def bench_decode_b1_value_tiles(results, ceiling):
 
 
 def main():
+    global PARTIAL_OUT, CHUNK_STATE_SHAPES
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
     p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,"
-                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles")
+                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles,bench_chunk_state")
+    p.add_argument("--tag", default="", help="label stored in the JSON (e.g. 'baseline' for an older checkout's package)")
+    p.add_argument("--chunk-state-variants", default=None, help="comma list of CHUNK_STATE_VARIANTS names (default: all)")
+    p.add_argument("--chunk-state-shapes", default=None, help="comma list of BxT (default: CHUNK_STATE_SHAPES)")
+    p.add_argument("--chunk-state-baseline", default=None, help="path holding an older checkout's sgl_hybrid_kernel, "
+                   "timed in the same process as variant 'baseline'")
     p.add_argument("--prefill-variants", default=None, help="comma list of PREFILL_VARIANTS names to time (default: all)")
     args = p.parse_args()
     if args.prefill_variants:
         keep = args.prefill_variants.split(",")
         PREFILL_VARIANTS[:] = [x for x in PREFILL_VARIANTS if x[0] in keep]
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+               "time": time.strftime("%Y-%m-%d %H:%M:%S"), "tag": args.tag}
     import sys
 
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
@@ -628,6 +754,16 @@ def main():
             bench_prefill(results)
     except Exception as exc:
         print("bench_prefill FAILED", type(exc).__name__, str(exc)[:500])
+    try:
+        if only is None or "bench_chunk_state" in only:
+            keep = args.chunk_state_variants.split(",") if args.chunk_state_variants else None
+            PARTIAL_OUT = args.out
+            if args.chunk_state_shapes:
+                CHUNK_STATE_SHAPES = tuple(tuple(int(x) for x in bt.split("x")) for bt in args.chunk_state_shapes.split(","))
+            bench_chunk_state(results, [x for x in CHUNK_STATE_VARIANTS if keep is None or x[0] in keep],
+                              args.chunk_state_baseline)
+    except Exception as exc:
+        print("bench_chunk_state FAILED", type(exc).__name__, str(exc)[:500])
     try:
         if only is None or "bench_group_scan" in only:
             bench_group_scan(results)

@@ -194,7 +194,7 @@ def chunk_parallel_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
-    bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr", "vn_ptr", "h_ptr")}
+    bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr", "kg_ptr", "vn_ptr", "h_ptr")}
     idx = {p: "*i32" for p in ("cidx_ptr", "coff_ptr")}
     models = (("kda", GATE_KDA_SAFE, 12, 12, -5.0), ("kda_std", GATE_KDA, 12, 12, 0.0), ("gdn", GATE_GDN, 16, 48, 0.0))
     out, seen = [], set()
@@ -323,7 +323,7 @@ def attention_moe_configs() -> List[KernelConfig]:
         K("moe_sorted_layout_qwen_e513", moe_sorted_layout_kernel,
           dict(KOUT=11, NE_PAD=1024, EB=1024, FILL=1024, BLOCK_SIZE=16), num_warps=8, signature=layout_sig),
         # QSA at qsa.attention.default_tile, with the launch's int32 scalars and divisibility specialisation;
-        # the CUDA dense tile (64 positions, 3 stages, 82 KB) runs 2 programs per SM: Hopper's per-block budget
+        # the CUDA dense tile (64 positions, 3 stages, 112 KB) runs 2 programs per SM: Hopper's per-block budget
         K("qsa_dense_t5_cuda", qsa_attention_kernel, dict(**qsa, TPP=5, BLOCK_M=64, BLOCK_N=64, SPARSE=False),
           num_warps=4, num_stages=3, targets=("sm90",), lds_budget=hopper_smem, signature=qsa_sig(qsa_attention_kernel),
           divisible=qsa_div),

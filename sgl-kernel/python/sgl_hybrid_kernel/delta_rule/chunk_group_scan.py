@@ -124,6 +124,7 @@ def run_group_scan_state_pass(
     kind: int,
     k: torch.Tensor,
     G: torch.Tensor,
+    kg: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
     vn: torch.Tensor,
@@ -144,6 +145,7 @@ def run_group_scan_state_pass(
     """The group-scan replacement of ``chunk_state_kernel``'s one launch (called by
     ``chunk_parallel.gated_delta_chunk_parallel`` when ``group_chunks`` is set).
 
+    ``kg``: the decayed keys ``chunk_intra_kernel`` wrote (the replay's state update).
     Same outputs as the plain state pass: ``h`` ``[NC, HV, K, V]`` chunk-start states,
     ``vn`` pseudo-values, checkpoints into ``checkpoint_pool``, each sequence's final
     state into its slot (``state_indices[i] < 0``: none). ``state_launch`` is the plain
@@ -189,7 +191,7 @@ def run_group_scan_state_pass(
     c0_, c1_, c2_, c3_ = cp.stride()
     cst = (c0_, c1_, c2_, c3_) if (state_layout == "kv" or ckpt_idx is None) else (c0_, c1_, c3_, c2_)
     kern[grid + (NG * HV,)](
-        k, G, w, u, vn, h, torch.tensor(gcu, dtype=torch.int32).to(dev), torch.tensor(gcoff, dtype=torch.int32).to(dev),
+        k, G, kg, w, u, vn, h, torch.tensor(gcu, dtype=torch.int32).to(dev), torch.tensor(gcoff, dtype=torch.int32).to(dev),
         start, slots, one, cp, ckpt_idx if ckpt_idx is not None else slots, n_sub, *start.stride(), *cst, **cx,
         num_warps=nw)
     # The last group's end state (left in ``start`` by the replay) is the final state.

@@ -36,7 +36,11 @@ class ChunkLaunch:
     in-chunk and state-passing products (the state is held as ``K / state_kd <= 4``
     blocks); ``intra_kb``: channels per step of the unbounded-gate diagonal block;
     ``intra_bv``: value block of ``u = M beta v``; ``state_bv`` / ``state_bv_ckpt``:
-    value columns per state-passing program without / with checkpoints;
+    value columns per state-passing program without / with checkpoints; ``state_stages``:
+    software-pipelining stages of the state pass's chunk loop (1: none);
+    ``state_early``: issue each chunk step's loads before its stores (else each block's loads
+    follow the previous block's state store; CDNA: off, which keeps 3 waves per SIMD
+    where early loads would leave 2 — neither timed);
     ``value_tile``: value columns per output program. Every entry is compiled by
     ``compile_gate`` for its arch and must be free of spills there (issue 9).
     ``tuned`` is False for an entry not timed on that part (the dispatch log says so).
@@ -53,6 +57,8 @@ class ChunkLaunch:
     state_bv: int = 32
     state_bv_ckpt: int = 8
     state_warps: int = 8
+    state_stages: int = 1
+    state_early: bool = True
     value_tile: int = 32
     output_warps: int = 8
     tuned: bool = True
@@ -62,11 +68,11 @@ class ChunkLaunch:
 # Keyed by (arch, compute units) like the decode value-tile table (recurrent.VALUE_TILE_TUNED):
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
-    ("sm90", 132): ChunkLaunch("sm90x132", state_kd=64, state_bv=16, state_bv_ckpt=8,
+    ("sm90", 132): ChunkLaunch("sm90x132", state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
-    ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, tuned=False,
+    ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
-    ("gfx950", 256): ChunkLaunch("gfx950x256", state_kd=32, state_bv=16, state_bv_ckpt=16, tuned=False,
+    ("gfx950", 256): ChunkLaunch("gfx950x256", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx950; not timed (no MI355X here)"),
 }
 # Parts of a known arch with another CU count get that arch's compile-gated parameters,
@@ -115,7 +121,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                            FACTORIZED=kind == GATE_KDA_SAFE and (BC - 1) * abs(lower_bound) <= 80.0,
                                            KB=min(launch.intra_kb, BK), KD=min(launch.intra_kd, BK)),
                   launch.intra_warps, ()),
-        "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(launch.state_kd, BK), BK // 4), CKPT=ckpt),
+        "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(launch.state_kd, BK), BK // 4), CKPT=ckpt,
+                                           STAGES=launch.state_stages,
+                                           EARLY=launch.state_early),
                   num_warps or launch.state_warps, (triton.cdiv(V, sbv),)),
         "output": (chunk_output_kernel, dict(**common, BV=obv), num_warps or launch.output_warps, (triton.cdiv(V, obv),)),
     }
@@ -151,7 +159,7 @@ def gated_delta_chunk_parallel(
 ) -> torch.Tensor:
     """Run the four kernels; arguments already validated by ``gated_delta_chunk_triton``.
 
-    ``scratch_dtype`` holds ``w``, ``u``, ``v_new`` and the chunk-start states ``h``
+    ``scratch_dtype`` holds ``w``, ``kg``, ``u``, ``v_new`` and the chunk-start states ``h``
     (default: FP32; BF16 halves their traffic). ``G`` and ``Aqk`` are always FP32,
     and so are ``A`` and its inverse (never leave registers). ``launch`` defaults to the
     device's :func:`device_chunk_launch` (parameters by arch and CU count); ``value_tile`` /
@@ -185,13 +193,14 @@ def gated_delta_chunk_parallel(
     G = torch.empty(gshape, dtype=torch.float32, device=dev)
     aqk = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)
     w = torch.empty(N, HV, K, dtype=sd, device=dev)
+    kg = torch.empty(N, HV, K, dtype=sd, device=dev)
     u = torch.empty(N, HV, V, dtype=sd, device=dev)
     vn = torch.empty(N, HV, V, dtype=sd, device=dev)
     h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
     kern, cx, nw, grid = p["cumsum"]
     kern[(NC, HV) + grid](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, **cx, num_warps=nw)
     kern, cx, nw, grid = p["intra"]
-    kern[(NC, HV)](q, k, v, b, G, aqk, w, u, cu_seqlens, cidx, scale, **cx, num_warps=nw)
+    kern[(NC, HV)](q, k, v, b, G, aqk, w, u, kg, cu_seqlens, cidx, scale, **cx, num_warps=nw)
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()
@@ -200,14 +209,14 @@ def gated_delta_chunk_parallel(
     if group_chunks:
         from sgl_hybrid_kernel.delta_rule.chunk_group_scan import run_group_scan_state_pass
 
-        run_group_scan_state_pass(p["state"], kind, k, G, w, u, vn, h, cu_seqlens, lens, state, state_indices,
+        run_group_scan_state_pass(p["state"], kind, k, G, kg, w, u, vn, h, cu_seqlens, lens, state, state_indices,
                                   has_initial_state, state_layout, checkpoints, checkpoint_pool, group_chunks, l2norm, tf32,
                                   launch)
     else:
         cp = checkpoint_pool if ckpt_idx is not None else state
         kern, cx, nw, grid = p["state"]
         kern[grid + (S * HV,)](
-            k, G, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
+            k, G, kg, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
             ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp), **cx, num_warps=nw)
     kern, cx, nw, grid = p["output"]
     kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw)

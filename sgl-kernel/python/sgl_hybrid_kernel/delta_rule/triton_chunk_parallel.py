@@ -13,14 +13,17 @@ sequential over chunks (issue 4):
    in-chunk attention ``Aqk``, built 16 rows at a time and summed over key blocks of
    ``KD`` channels; the inverse ``M = (I + A)^-1`` by block forward substitution over
    16x16 diagonal blocks (each inverted by repeated squaring), all with FP32 inputs
-   and accumulation; then ``w = M (beta k e^G)`` (by key blocks of ``KD``) and
-   ``u = M (beta v)`` (by value blocks of ``BV``).
+   and accumulation; then ``w = M (beta k e^G)`` (by key blocks of ``KD``),
+   ``u = M (beta v)`` (by value blocks of ``BV``) and the decayed keys of the state
+   update ``kg = k e^{G_last - G}`` (exponents <= 0), so the sequential pass reads one
+   tile per key block instead of recomputing norms and decays on every value tile.
 3. ``chunk_state_kernel`` — parallel over (sequence, value head, value tile),
    sequential over chunks: stores the chunk-start state ``h``, the pseudo-values
-   ``v_new = u - w h`` and updates ``h <- e^{G_last} h + (k e^{G_last - G})^T v_new``;
+   ``v_new = u - w h`` and updates ``h <- e^{G_last} h + kg^T v_new``;
    writes requested checkpoints (any 16-token position) and the final state. The
    ``[K, BV]`` state is held as up to four key blocks of ``KD`` rows (``S0..S3``), so
-   only one block of ``w``, ``k`` and ``G`` is live at a time.
+   only one block of ``w`` and ``kg`` is live at a time; the chunk loop's loads do not
+   depend on the state, so ``STAGES > 1`` keeps the next chunks' tiles in flight.
 4. ``chunk_output_kernel`` — parallel over (chunk, value head, value tile):
    ``o = (q e^G) h + Aqk v_new``.
 
@@ -138,6 +141,7 @@ def chunk_intra_kernel(
     aqk_ptr,  # out [N, HV, BT] in-chunk attention row (FP32)
     w_ptr,  # out [N, HV, K]
     u_ptr,  # out [N, HV, V]
+    kg_ptr,  # out [N, HV, K] decayed keys of the state update, k e^{G_last - G}
     cu_ptr,
     cidx_ptr,
     scale,
@@ -250,17 +254,29 @@ def chunk_intra_kernel(
         u = _dot(M, vb * beta_all[:, None], TF32)
         o_v = v0 + tl.arange(0, BV)
         tl.store(u_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], u.to(u_ptr.dtype.element_ty), mask=m_t[:, None] & (o_v < V)[None, :])
+    tokl = bos + tl.minimum(c * BT + BT - 1, T - 1)  # the chunk's last row: reference of the state update
     if GATE == 2:
-        rb = rn_all * beta_all * tl.exp(tl.load(g_ptr + tokc * HV + i_hv))
+        Gc = tl.load(g_ptr + tokc * HV + i_hv)
+        rb = rn_all * beta_all * tl.exp(Gc)
+        rl = rn_all * tl.exp(tl.load(g_ptr + tokl * HV + i_hv) - Gc)  # exponent <= 0
     else:
         rb = rn_all * beta_all
+        rl = rn_all
     for kd in range(0, BK, KD):
-        kb = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rb[:, None]
-        if GATE != 2:
-            kb = kb * tl.exp(_tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD))
-        w = _dot(M, kb, TF32)
         o_d = kd + tl.arange(0, KD)
-        tl.store(w_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], w.to(w_ptr.dtype.element_ty), mask=m_t[:, None] & (o_d < K)[None, :])
+        kt = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD)
+        if GATE != 2:
+            Gt = _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD)
+            Gl = tl.load(g_ptr + (tokl * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+            kb = kt * rb[:, None] * tl.exp(Gt)
+            kg = kt * rl[:, None] * tl.exp(Gl[None, :] - Gt)  # exponent <= 0
+        else:
+            kb = kt * rb[:, None]
+            kg = kt * rl[:, None]
+        w = _dot(M, kb, TF32)
+        m_td = m_t[:, None] & (o_d < K)[None, :]
+        tl.store(w_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], w.to(w_ptr.dtype.element_ty), mask=m_td)
+        tl.store(kg_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], kg.to(kg_ptr.dtype.element_ty), mask=m_td)
 
 
 @triton.jit
@@ -299,6 +315,29 @@ def _state_advance(S, vn, k_ptr, g_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, kd,
 
 
 @triton.jit
+def _decay_last(gc_ptr, last, i_hv, kd, HV: tl.constexpr, K: tl.constexpr, KD: tl.constexpr, GATE: tl.constexpr):
+    """``e^{G_last}`` of key block ``kd`` (``[KD, 1]``; a scalar for GDN), ``G_last`` at chunk row ``last``."""
+    if GATE == 2:
+        return tl.exp(tl.load(gc_ptr + last * HV + i_hv))
+    else:
+        o_d = kd + tl.arange(0, KD)
+        return tl.exp(tl.load(gc_ptr + (last * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0))[:, None]
+
+
+@triton.jit
+def _tile_raw(ptr, tok, m_t, i_h, H: tl.constexpr, K: tl.constexpr, kd, KD: tl.constexpr):
+    """``_tile`` in the stored dtype (converted where used: half the registers for a BF16 scratch)."""
+    o_d = kd + tl.arange(0, KD)
+    return tl.load(ptr + (tok[:, None] * H + i_h) * K + o_d[None, :], mask=m_t[:, None] & (o_d < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _sdot(a, b, TF32: tl.constexpr):
+    """State-pass product: FP32 operands (converted from the stored dtype here) through ``_dot``."""
+    return _dot(a.to(tl.float32), b.to(tl.float32), TF32)
+
+
+@triton.jit
 def _state_at(S, vn, k_ptr, g_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, kd,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KD: tl.constexpr, GATE: tl.constexpr, TF32: tl.constexpr):
     """Key block ``kd`` of the state after the first ``p`` tokens of the chunk (row ``pr``), with the
@@ -319,8 +358,9 @@ def _state_at(S, vn, k_ptr, g_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, k
 
 @triton.jit
 def chunk_state_kernel(
-    k_ptr,  # [N, H, K]
+    k_ptr,  # [N, H, K] (read only for checkpoints)
     g_ptr,  # chunk-local cumulative log decay (FP32)
+    kg_ptr,  # [N, HV, K] decayed keys k e^{G_last - G} (chunk_intra_kernel)
     w_ptr,  # [N, HV, K]
     u_ptr,  # [N, HV, V]
     vn_ptr,  # out [N, HV, V] pseudo-values v_new
@@ -354,6 +394,8 @@ def chunk_state_kernel(
     L2NORM: tl.constexpr,
     CKPT: tl.constexpr,
     TF32: tl.constexpr,
+    STAGES: tl.constexpr = 1,  # software-pipelining stages of the chunk loop (next chunks' w / kg / u in flight)
+    EARLY: tl.constexpr = True,  # issue the step's loads before its stores
 ):
     tl.static_assert(BK <= 4 * KD, "the state is held as at most four key blocks")
     i_v = tl.program_id(0)
@@ -379,7 +421,7 @@ def chunk_state_kernel(
     if BK > 3 * KD:
         S3 = _state_load(p_s, 3 * KD, KD, K, s_k, o_v, s_v, m_v, ld)
     n_chunks = tl.cdiv(T, BT)
-    for c in range(0, n_chunks):
+    for c in tl.range(0, n_chunks, num_stages=STAGES):
         # Chunk-local rows (int32) against per-chunk base pointers (64-bit scalars):
         # no tile of 64-bit offsets is ever live.
         Tc = T - c * BT  # tokens of this sequence from the chunk start on
@@ -390,6 +432,7 @@ def chunk_state_kernel(
         t0 = bos + c * BT
         kc_ptr = k_ptr + t0 * (H * K)
         wc_ptr = w_ptr + t0 * (HV * K)
+        kgc_ptr = kg_ptr + t0 * (HV * K)
         if GATE == 2:
             gc_ptr = g_ptr + t0 * HV
         else:
@@ -397,21 +440,53 @@ def chunk_state_kernel(
         uc_ptr = u_ptr + t0 * (HV * V)
         vnc_ptr = vn_ptr + t0 * (HV * V)
         p_h = h_ptr + ((coff + c) * HV + i_hv) * K * V
+        last = tl.minimum(BT - 1, Tc - 1)
+        # EARLY: every load of the step before its first store (stores may alias loads, so a
+        # load after one waits for it): one memory round trip per chunk, not one per block.
+        # With checkpoints kg is loaded after them (fewer live registers across that loop).
+        u = tl.load(uc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        if EARLY:
+            w0 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
+            if BK > KD:
+                w1 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
+            if BK > 2 * KD:
+                w2 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
+            if BK > 3 * KD:
+                w3 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
+        if EARLY and not CKPT:
+            kg0 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
+            d0 = _decay_last(gc_ptr, last, i_hv, 0, HV, K, KD, GATE)
+            if BK > KD:
+                kg1 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
+                d1 = _decay_last(gc_ptr, last, i_hv, KD, HV, K, KD, GATE)
+            if BK > 2 * KD:
+                kg2 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
+                d2 = _decay_last(gc_ptr, last, i_hv, 2 * KD, HV, K, KD, GATE)
+            if BK > 3 * KD:
+                kg3 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
+                d3 = _decay_last(gc_ptr, last, i_hv, 3 * KD, HV, K, KD, GATE)
         _state_store(p_h, S0, 0, KD, K, V, o_v, 1, m_v)
-        u = tl.load(uc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-        vn = u - _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD), S0, TF32)
+        if not EARLY:
+            w0 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
+        vn = u.to(tl.float32) - _sdot(w0, S0, TF32)
         if BK > KD:
             _state_store(p_h, S1, KD, KD, K, V, o_v, 1, m_v)
-            vn -= _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD), S1, TF32)
+            if not EARLY:
+                w1 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
+            vn -= _sdot(w1, S1, TF32)
         if BK > 2 * KD:
             _state_store(p_h, S2, 2 * KD, KD, K, V, o_v, 1, m_v)
-            vn -= _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD), S2, TF32)
+            if not EARLY:
+                w2 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
+            vn -= _sdot(w2, S2, TF32)
         if BK > 3 * KD:
             _state_store(p_h, S3, 3 * KD, KD, K, V, o_v, 1, m_v)
-            vn -= _dot(_tile(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD), S3, TF32)
+            if not EARLY:
+                w3 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
+            vn -= _sdot(w3, S3, TF32)
         tl.store(vnc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        rn = _rnorm(kc_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
         if CKPT:
+            rn = _rnorm(kc_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
             for j in range(0, BT // BC):  # a loop, not unrolled: one checkpoint's tiles live at a time
                 sub = c * (BT // BC) + j
                 cslot = tl.load(ckpt_idx_ptr + i_s * n_sub + sub, mask=sub < n_sub, other=-1).to(tl.int64)
@@ -430,14 +505,26 @@ def chunk_state_kernel(
                     if BK > 3 * KD:
                         Sp = _state_at(S3, vn, kc_ptr, gc_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, 3 * KD, H, HV, K, KD, GATE, TF32)
                         _state_store(p_c, Sp, 3 * KD, KD, K, c_k, o_v, c_v, m_v)
-        last = tl.minimum(BT - 1, Tc - 1)
-        S0 = _state_advance(S0, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, 0, H, HV, K, KD, GATE, TF32)
+        if not (EARLY and not CKPT):
+            kg0 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
+            d0 = _decay_last(gc_ptr, last, i_hv, 0, HV, K, KD, GATE)
+            if BK > KD:
+                kg1 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
+                d1 = _decay_last(gc_ptr, last, i_hv, KD, HV, K, KD, GATE)
+            if BK > 2 * KD:
+                kg2 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
+                d2 = _decay_last(gc_ptr, last, i_hv, 2 * KD, HV, K, KD, GATE)
+            if BK > 3 * KD:
+                kg3 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
+                d3 = _decay_last(gc_ptr, last, i_hv, 3 * KD, HV, K, KD, GATE)
+        # S <- e^{G_last} S + kg^T v_new, key block by key block
+        S0 = S0 * d0 + _sdot(tl.trans(kg0), vn, TF32)
         if BK > KD:
-            S1 = _state_advance(S1, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, KD, H, HV, K, KD, GATE, TF32)
+            S1 = S1 * d1 + _sdot(tl.trans(kg1), vn, TF32)
         if BK > 2 * KD:
-            S2 = _state_advance(S2, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, 2 * KD, H, HV, K, KD, GATE, TF32)
+            S2 = S2 * d2 + _sdot(tl.trans(kg2), vn, TF32)
         if BK > 3 * KD:
-            S3 = _state_advance(S3, vn, kc_ptr, gc_ptr, tok, tokc, m_t, last, rn, i_h, i_hv, 3 * KD, H, HV, K, KD, GATE, TF32)
+            S3 = S3 * d3 + _sdot(tl.trans(kg3), vn, TF32)
     if slot >= 0:
         _state_store(p_s, S0, 0, KD, K, s_k, o_v, s_v, m_v)
         if BK > KD:
