@@ -103,6 +103,7 @@ class LaunchedServer:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()  # schedulers of a multi-rank launch may outlive the launcher
                 raise RuntimeError(f"server exited with code {self.process.returncode}\n{self.log_tail()}")
             try:
                 if requests.get(self.base_url + "/health", timeout=5).status_code == 200:

@@ -85,15 +85,16 @@ class ParallelSpec:
                 pass ``allow_dcp``.
         """
         from sglang.srt.distributed import parallel_state as ps
+        from sglang.srt.runtime_context import get_parallel
 
-        tp = ps.get_tensor_model_parallel_world_size()
+        tp = get_parallel().tp_size
         dcp_group = ps.get_dcp_group_no_assert()
         dcp = dcp_group.world_size if dcp_group is not None else 1
         if dcp > 1 and not allow_dcp:
             raise NotImplementedError("this CPU reference model is served with --dcp-size 1 (docs/parallelism.md)")
         group = ps.get_tp_group().device_group if tp > 1 else None
         return cls(
-            tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp, tp_group=group,
+            tp_rank=get_parallel().tp_rank, tp_size=tp, tp_group=group,
             dcp_size=dcp, dcp_group=dcp_group.device_group if dcp > 1 else None,
         )
 

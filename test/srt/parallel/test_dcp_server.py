@@ -28,26 +28,19 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import signal
 import unittest
 
 import requests
 import torch
 
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
-from test_tp_server import LOGPROB_TOL, NEW_TOKENS, _generate, _single_process_run, _thread_bind
+from test_tp_server import LOGPROB_TOL, NEW_TOKENS, _generate, _ids, _single_process_run, _thread_bind
 from tiny_model import tiny_kimi_k3
 
 PAGE, DCP, CHUNK = 64, 2, 192
 TREE_PAGE = PAGE * DCP
 MAX_TOTAL_TOKENS = 4096  # rows of each rank's MLA pool
-
-
-def _ids(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(10, 900) for _ in range(n)]
 
 
 class TestKimiK3DCP2Server(unittest.TestCase):
@@ -59,8 +52,7 @@ class TestKimiK3DCP2Server(unittest.TestCase):
         ]
         server = LaunchedServer(cls.model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()}, timeout=600)
         cls.log_path = server.log_path
-        try:
-            server.start()
+        with server:  # LaunchedServer.stop kills the launcher's process group (both schedulers)
             cls.info = requests.get(server.base_url + "/get_server_info", timeout=60).json()
             a, b = _ids(330, 51), _ids(450, 53)
             out_a = _generate(server.base_url, a)
@@ -71,14 +63,6 @@ class TestKimiK3DCP2Server(unittest.TestCase):
             cls.outputs = {"a": out_a, "b": out_b}
             for k in ("a2", "b2"):
                 cls.outputs[k] = _generate(server.base_url, cls.prompts[k])
-        finally:
-            pgid = server.process.pid if server.process is not None else None
-            server.stop()
-            if pgid is not None:  # the schedulers share the launcher's process group
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         with open(cls.log_path, encoding="utf-8", errors="replace") as f:
             cls.log = f.read()
 

@@ -29,36 +29,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import unittest
 
-import requests
 import torch
 
 from qwen38_oracle import Qwen38Oracle
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from test_qwen38_server import EOS, random_ids, with_eos
-from test_tp_server import _thread_bind
+from test_tp_server import NEW_TOKENS, _generate, _thread_bind
 from tiny_model import tiny_qwen38
 
-NEW_TOKENS = 6
 LOGPROB_TOL = 2e-4  # the Qwen server test's tolerance against the FP64 oracle
-
-
-def _generate(base_url, ids):
-    payload = {
-        "input_ids": ids,
-        "return_logprob": True,
-        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True},
-    }
-    r = requests.post(base_url + "/generate", json=payload, timeout=300)
-    r.raise_for_status()
-    out = r.json()
-    return {
-        "ids": out["output_ids"],
-        "logprobs": [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]],
-        "cached": out["meta_info"]["cached_tokens"],
-    }
 
 
 def _single_process_run(model_dir, prompt):
@@ -82,21 +63,12 @@ class TestQwen38TP2Server(unittest.TestCase):
         server = LaunchedServer(cls.model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()},
                                 timeout=600)
         cls.log_path = server.log_path
-        try:
-            server.start()
+        with server:  # LaunchedServer.stop kills the launcher's process group (both schedulers)
             first = _generate(server.base_url, turn1)
             turn2 = turn1 + first["ids"] + random_ids(5, 52)
             # cold, repeat (hit), next turn (hit)
             cls.prompts = [turn1, turn1, turn2]
             cls.outputs = [first] + [_generate(server.base_url, p) for p in cls.prompts[1:]]
-        finally:
-            pgid = server.process.pid if server.process is not None else None
-            server.stop()
-            if pgid is not None:  # the schedulers share the launcher's process group
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def _distinct_requests(self):
         # The repeat equals the cold request (test_cache_hits_return_the_cold_result); check it once.

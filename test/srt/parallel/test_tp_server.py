@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import unittest
 
 import requests
@@ -89,21 +88,12 @@ class TestKimiK3TP2Server(unittest.TestCase):
         server = LaunchedServer(cls.model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()},
                                 timeout=600)
         cls.log_path = server.log_path
-        try:
-            server.start()
+        with server:  # LaunchedServer.stop kills the launcher's process group (both schedulers)
             first = _generate(server.base_url, turn1)
             turn2 = turn1 + first["ids"] + _ids(5, 42)
             # cold, repeat (hit), next turn (hit)
             cls.prompts = [turn1, turn1, turn2]
             cls.outputs = [first] + [_generate(server.base_url, p) for p in cls.prompts[1:]]
-        finally:
-            pgid = server.process.pid if server.process is not None else None
-            server.stop()
-            if pgid is not None:  # the schedulers share the launcher's process group
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def _distinct_requests(self):
         # The repeat equals the cold request (test_cache_hits_return_the_cold_result); check it once.
