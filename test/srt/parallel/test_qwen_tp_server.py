@@ -34,9 +34,8 @@ import unittest
 import torch
 
 from qwen38_oracle import Qwen38Oracle
-from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from test_qwen38_server import EOS, random_ids, with_eos
-from test_tp_server import NEW_TOKENS, _generate, _thread_bind
+from test_tp_server import NEW_TOKENS, TwoRankServerChecks, serve_three_turns
 from tiny_model import tiny_qwen38
 
 LOGPROB_TOL = 2e-4  # the Qwen server test's tolerance against the FP64 oracle
@@ -53,32 +52,13 @@ def _single_process_run(model_dir, prompt):
     return tokens, logits[:NEW_TOKENS].double().log_softmax(-1)
 
 
-class TestQwen38TP2Server(unittest.TestCase):
+class TestQwen38TP2Server(TwoRankServerChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.model = tiny_qwen38()
         # Resume points lie on the 64-token track grid (extra_buffer), so turn 1 passes 64.
         turn1 = with_eos(random_ids(72, 51), 29)
-        args = cpu_server_args(max_total_tokens=4096, max_mamba_cache_size=32) + ["--tp", "2"]
-        server = LaunchedServer(cls.model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()},
-                                timeout=600)
-        cls.log_path = server.log_path
-        with server:  # LaunchedServer.stop kills the launcher's process group (both schedulers)
-            first = _generate(server.base_url, turn1)
-            turn2 = turn1 + first["ids"] + random_ids(5, 52)
-            # cold, repeat (hit), next turn (hit)
-            cls.prompts = [turn1, turn1, turn2]
-            cls.outputs = [first] + [_generate(server.base_url, p) for p in cls.prompts[1:]]
-
-    def _distinct_requests(self):
-        # The repeat equals the cold request (test_cache_hits_return_the_cold_result); check it once.
-        return [(p, o) for i, (p, o) in enumerate(zip(self.prompts, self.outputs)) if i != 1]
-
-    def test_log_shows_two_tp_ranks(self):
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            log = f.read()
-        self.assertIn("TP0]", log)
-        self.assertIn("TP1]", log)
+        cls.log_path, cls.prompts, cls.outputs = serve_three_turns(cls.model, turn1, random_ids(5, 52))
 
     def test_prompt_has_an_eos_inside(self):
         self.assertIn(EOS, self.prompts[0][:-1])

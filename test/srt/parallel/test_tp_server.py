@@ -78,22 +78,22 @@ def _single_process_run(model_dir, prompt):
     return tokens, logits[:NEW_TOKENS].log_softmax(-1)
 
 
-class TestKimiK3TP2Server(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.model = tiny_kimi_k3()
-        # Resume points lie on the 64-token track grid (docs/hybrid-cache.md), so turn 1 passes 64.
-        turn1 = _ids(72, 41)
-        args = cpu_server_args(max_total_tokens=4096, max_mamba_cache_size=32) + ["--tp", "2"]
-        server = LaunchedServer(cls.model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()},
-                                timeout=600)
-        cls.log_path = server.log_path
-        with server:  # LaunchedServer.stop kills the launcher's process group (both schedulers)
-            first = _generate(server.base_url, turn1)
-            turn2 = turn1 + first["ids"] + _ids(5, 42)
-            # cold, repeat (hit), next turn (hit)
-            cls.prompts = [turn1, turn1, turn2]
-            cls.outputs = [first] + [_generate(server.base_url, p) for p in cls.prompts[1:]]
+def serve_three_turns(model, turn1, next_turn_tail):
+    """One ``--tp 2`` server: turn 1 cold, turn 1 again (radix hit), turn 1 + its output + tail (hit).
+
+    Returns ``(log_path, prompts, outputs)``; ``outputs[i]`` is ``_generate``'s dict for ``prompts[i]``.
+    """
+    args = cpu_server_args(max_total_tokens=4096, max_mamba_cache_size=32) + ["--tp", "2"]
+    server = LaunchedServer(model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()}, timeout=600)
+    with server:  # LaunchedServer.stop kills the launcher's process group (both schedulers)
+        first = _generate(server.base_url, turn1)
+        prompts = [turn1, turn1, turn1 + first["ids"] + next_turn_tail]
+        outputs = [first] + [_generate(server.base_url, p) for p in prompts[1:]]
+    return server.log_path, prompts, outputs
+
+
+class TwoRankServerChecks:
+    """Checks shared by the ``--tp 2`` server tests (``setUpClass`` sets log_path, prompts, outputs)."""
 
     def _distinct_requests(self):
         # The repeat equals the cold request (test_cache_hits_return_the_cold_result); check it once.
@@ -104,6 +104,14 @@ class TestKimiK3TP2Server(unittest.TestCase):
             log = f.read()
         self.assertIn("TP0]", log)
         self.assertIn("TP1]", log)
+
+
+class TestKimiK3TP2Server(TwoRankServerChecks, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = tiny_kimi_k3()
+        # Resume points lie on the 64-token track grid (docs/hybrid-cache.md), so turn 1 passes 64.
+        cls.log_path, cls.prompts, cls.outputs = serve_three_turns(cls.model, _ids(72, 41), _ids(5, 42))
 
     def test_each_rank_holds_half_the_recurrent_state(self):
         """The KDA checkpoint (conv window + recurrent state, FP32) per rank covers H / 2 heads."""
