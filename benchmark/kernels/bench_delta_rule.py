@@ -577,7 +577,36 @@ CHUNK_STATE_VARIANTS = [
     ("st2", dict(state_stages=2)),
     ("st4", dict(state_stages=4)),
     ("late", dict(state_early=False)),
+    # in-chunk kernel (issue 4): products building A and its block inverse on the tensor cores as
+    # 3xTF32 (FP32 operands split hi + lo, FP32 accumulation) instead of FP32 FMA; key block 16
+    ("intra_x3", dict(intra_precision="tf32x3")),
+    ("intra_ieee", dict(intra_precision="ieee")),
+    ("intra_kd16", dict(intra_kd=16)),
+    ("intra_x3_kd16", dict(intra_precision="tf32x3", intra_kd=16)),
 ]
+
+
+def _fp64_chunk_err(fn):
+    """Max relative error (outputs and final states) of ``fn`` (a ``gated_delta_chunk_triton``) in the
+    chunk-64 form with TF32 products and FP32 inputs / intermediates against the FP64 recurrence, on a
+    varlen batch of 300 + 64 + 1000 tokens (12 KDA heads x 128, safe gate): the numerics of a launch variant."""
+    H, K, V = 12, 128, 128
+    g = torch.Generator(device=DEV).manual_seed(7)
+    cu = torch.tensor([0, 300, 364, 1364], device=DEV, dtype=torch.int32)
+    q, k, v = (torch.randn(1364, H, d, device=DEV, generator=g) for d in (K, K, V))
+    f, b = torch.randn(1364, H, K, device=DEV, generator=g), torch.randn(1364, H, device=DEV, generator=g)
+    A, dtb = torch.rand(H, device=DEV, generator=g), torch.randn(H * K, device=DEV, generator=g)
+    pool0 = torch.randn(3, H, K, V, device=DEV, generator=g)
+    idx = torch.arange(3, device=DEV, dtype=torch.int32)
+    pool = pool0.clone()
+    o = fn(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB, method="parallel", tf32=True, group_scan=False)
+    errs = []
+    for i in range(3):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        ro, rs = gated_delta_recurrent(l2_norm(q[sl]), l2_norm(k[sl]), v[sl], kda_gate(f[sl], A, dtb, LB), torch.sigmoid(b[sl]),
+                                       initial_state=pool0[i], acc_dtype=torch.float64)[:2]
+        errs += [rel(o[sl], ro), rel(pool[i], rs)]
+    return max(errs)
 
 
 PARTIAL_OUT = None  # main(): --out, rewritten after every chunk-state variant
@@ -670,18 +699,20 @@ def bench_chunk_state(results, variants=None, baseline=None):
             except Exception as exc:
                 print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
                 continue
+            fp64_err = _fp64_chunk_err(fn)
             state_us = sum(t for kname, t in per.items() if "chunk_state" in kname)
             intra_us = sum(t for kname, t in per.items() if "chunk_intra" in kname)
             r = dict(overrides=over if over is not None else f"package at {baseline}", ms=ms, mtok_s=N / (ms * 1e-3) / 1e6, vs_fla=fms / ms, kernel_sum_us=tot,
                      kernel_sum_vs_fla=ftot / tot, state_us=state_us, intra_us=intra_us, kernel_us_per_call=per,
-                     rel_diff_o_vs_fla=rel(o, o_fla), rel_diff_state_vs_fla=rel(pool, s_fla),
+                     rel_diff_o_vs_fla=rel(o, o_fla), rel_diff_state_vs_fla=rel(pool, s_fla), fp64_rel_err_tf32_fp32in=fp64_err,
                      nan=bool(o.isnan().any() or pool.isnan().any()))
             row["variants"][name] = r
             if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
                 with open(PARTIAL_OUT, "w") as fh:
                     json.dump(results, fh, indent=1)
             print(f"  {B} {T} {name}: {ms:.3f} ms ({r['vs_fla']:.3f}x fla), kernels {tot:.0f} us (state {state_us:.0f}, "
-                  f"intra {intra_us:.0f}), rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}",
+                  f"intra {intra_us:.0f}), rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}, "
+                  f"vs FP64 {fp64_err:.1e}",
                   flush=True)
         cp_mod.CHUNK_LAUNCH[key] = base
         del q, k, v, f, b

@@ -87,14 +87,15 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
         gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), method="fast")
 
 
-@pytest.mark.parametrize("early,stages", [(True, 1), (False, 2)])
+@pytest.mark.parametrize("early,stages,x3", [(True, 1, False), (False, 2, True)])
 @pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
-def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages):
+def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3):
     """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
     cumsum programs, four w / kg / u blocks) and 8- / 16-column state tiles, as the CDNA / sm_90
     launch tables split the 128-wide heads (issue 9), with the state pass's loads issued before
-    or after its stores and its chunk loop pipelined or not: same results as fla's naive
-    recurrences, checkpoints included."""
+    or after its stores and its chunk loop pipelined or not, and A's products as FP32 or as 3xTF32
+    with TF32 allowed (the sm_90 table; exact in the interpreter, the H200 bound is in
+    bench_delta_rule.py): same results as fla's naive recurrences, checkpoints included."""
     from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -110,11 +111,12 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     init = pool.clone()
     ck = torch.full((2, HV, K, V), NAN)
     launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
-                         state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages)
+                         state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages,
+                         intra_precision="tf32x3" if x3 else "ieee")
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
-                                   launch=launch)
+                                   launch=launch, tf32=x3)
     for i, (s, n0) in enumerate(zip([1, 0], [0, lens[0]])):
         sl = slice(n0, n0 + lens[i])
         g = kda_gate(f[sl], A, dtb, lower_bound) if gate == "kda" else gdn_gate(f[sl], A, dtb)

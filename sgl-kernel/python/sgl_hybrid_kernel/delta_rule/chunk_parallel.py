@@ -35,7 +35,10 @@ class ChunkLaunch:
     channels per cumulative-sum program; ``intra_kd`` / ``state_kd``: key block of the
     in-chunk and state-passing products (the state is held as ``K / state_kd <= 4``
     blocks); ``intra_kb``: channels per step of the unbounded-gate diagonal block;
-    ``intra_bv``: value block of ``u = M beta v``; ``state_bv`` / ``state_bv_ckpt``:
+    ``intra_bv``: value block of ``u = M beta v``; ``intra_precision``: ``input_precision`` of the
+    products that build ``A`` and its block inverse when TF32 is allowed (``"ieee"``: FP32 FMA;
+    ``"tf32x3"``: FP32 operands split into TF32 high + low parts on the tensor cores, FP32
+    accumulation, CUDA only; FP32 products, ``tf32=False``, and the unbounded KDA gate always use ``"ieee"``); ``state_bv`` / ``state_bv_ckpt``:
     value columns per state-passing program without / with checkpoints; ``state_stages``:
     software-pipelining stages of the state pass's chunk loop (1: none);
     ``state_early``: issue each chunk step's loads before its stores (else each block's loads
@@ -53,6 +56,7 @@ class ChunkLaunch:
     intra_kb: int = 4
     intra_bv: int = 32
     intra_warps: int = 8
+    intra_precision: str = "ieee"
     state_kd: int = 64
     state_bv: int = 32
     state_bv_ckpt: int = 8
@@ -68,7 +72,7 @@ class ChunkLaunch:
 # Keyed by (arch, compute units) like the decode value-tile table (recurrent.VALUE_TILE_TUNED):
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
-    ("sm90", 132): ChunkLaunch("sm90x132", state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3,
+    ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
     ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
@@ -114,12 +118,17 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     obv = min(value_tile or launch.value_tile, BVP)
     gbk = min(launch.cumsum_bk, BK)
     common = dict(H=H, HV=HV, K=K, V=V, BK=BK, BT=BT, GATE=kind, L2NORM=l2norm, TF32=tf32)
+    factorized = kind == GATE_KDA_SAFE and (BC - 1) * abs(lower_bound) <= 80.0
+    # the unbounded KDA gate (diagonal blocks summed over key blocks) keeps FP32 FMA products: not
+    # timed, and with 3xTF32 it sits at sm_90's 255-register cap (a variant of it spilled; compile_gate)
+    aprec = launch.intra_precision if tf32 and (kind == GATE_GDN or factorized) else "ieee"
     return {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         "intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
-                                           FACTORIZED=kind == GATE_KDA_SAFE and (BC - 1) * abs(lower_bound) <= 80.0,
-                                           KB=min(launch.intra_kb, BK), KD=min(launch.intra_kd, BK)),
+                                           FACTORIZED=factorized,
+                                           KB=min(launch.intra_kb, BK), KD=min(launch.intra_kd, BK),
+                                           APREC=aprec),
                   launch.intra_warps, ()),
         "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(launch.state_kd, BK), BK // 4), CKPT=ckpt,
                                            STAGES=launch.state_stages,
