@@ -64,7 +64,13 @@ def _count_collectives(model, counts: Counter):
     for i, layer in enumerate(model.model.layers):
         for part in ("self_attn", "mlp"):
             getattr(layer, part).register_forward_pre_hook(lambda *_, k=f"{i}.{part}": where.update(at=k))
-    originals = {op: getattr(dist, op) for op in ("all_reduce", "all_gather")}
+    return wrap_collectives(counts, where, ("all_reduce", "all_gather"))
+
+
+def wrap_collectives(counts: Counter, where: dict, ops) -> dict:
+    """Replace each ``torch.distributed`` op in ``ops`` by a wrapper that counts its calls under
+    ``(where["at"], op)``; returns the originals (to put back with ``setattr``)."""
+    originals = {op: getattr(dist, op) for op in ops}
 
     def wrap(op):
         def counted(*args, **kwargs):

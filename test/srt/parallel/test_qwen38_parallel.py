@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 
 from qwen38_oracle import Qwen38Oracle
 from sglang_hybrid.bench.server import free_port
+from test_kimi_k3_parallel import wrap_collectives
 from tiny_model import tiny_qwen38
 
 PROMPT = [5, 17, 99, 3, 250, 0, 41, 7, 12]
@@ -40,18 +41,7 @@ def _count_collectives(model, counts: Counter):
         kind = "gdn" if layer.is_linear else "qsa"
         attn.register_forward_pre_hook(lambda *_, k=f"{layer.layer_id}.{kind}": where.update(at=k))
         layer.mlp.register_forward_pre_hook(lambda *_, k=f"{layer.layer_id}.moe": where.update(at=k))
-    originals = {op: getattr(dist, op) for op in ("all_reduce", "all_gather", "broadcast", "reduce_scatter")}
-
-    def wrap(op):
-        def counted(*args, **kwargs):
-            counts[(where["at"], op)] += 1
-            return originals[op](*args, **kwargs)
-
-        return counted
-
-    for op in originals:
-        setattr(dist, op, wrap(op))
-    return originals
+    return wrap_collectives(counts, where, ("all_reduce", "all_gather", "broadcast", "reduce_scatter"))
 
 
 def _worker(rank, port, model_dir, out_dir):

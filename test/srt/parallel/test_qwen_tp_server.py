@@ -53,6 +53,8 @@ def _single_process_run(model_dir, prompt):
 
 
 class TestQwen38TP2Server(TwoRankServerChecks, unittest.TestCase):
+    logprob_tol = LOGPROB_TOL
+
     @classmethod
     def setUpClass(cls):
         cls.model = tiny_qwen38()
@@ -114,15 +116,6 @@ class TestQwen38TP2Server(TwoRankServerChecks, unittest.TestCase):
                     self.assertAlmostEqual(lp, float(row[tok]), delta=LOGPROB_TOL)
         finally:
             torch.set_num_threads(threads)
-
-    def test_cache_hits_return_the_cold_result(self):
-        self.assertEqual(self.outputs[0]["cached"], 0)
-        repeat, next_turn = self.outputs[1], self.outputs[2]
-        self.assertGreater(repeat["cached"], 0)
-        self.assertGreater(next_turn["cached"], 0)
-        self.assertEqual(repeat["ids"], self.outputs[0]["ids"])
-        torch.testing.assert_close(torch.tensor(repeat["logprobs"]), torch.tensor(self.outputs[0]["logprobs"]),
-                                   atol=LOGPROB_TOL, rtol=0)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,8 @@ def serve_three_turns(model, turn1, next_turn_tail):
 class TwoRankServerChecks:
     """Checks shared by the ``--tp 2`` server tests (``setUpClass`` sets log_path, prompts, outputs)."""
 
+    logprob_tol = LOGPROB_TOL
+
     def _distinct_requests(self):
         # The repeat equals the cold request (test_cache_hits_return_the_cold_result); check it once.
         return [(p, o) for i, (p, o) in enumerate(zip(self.prompts, self.outputs)) if i != 1]
@@ -104,6 +106,15 @@ class TwoRankServerChecks:
             log = f.read()
         self.assertIn("TP0]", log)
         self.assertIn("TP1]", log)
+
+    def test_cache_hits_return_the_cold_result(self):
+        self.assertEqual(self.outputs[0]["cached"], 0)
+        repeat, next_turn = self.outputs[1], self.outputs[2]
+        self.assertGreater(repeat["cached"], 0)
+        self.assertGreater(next_turn["cached"], 0)
+        self.assertEqual(repeat["ids"], self.outputs[0]["ids"])
+        torch.testing.assert_close(torch.tensor(repeat["logprobs"]), torch.tensor(self.outputs[0]["logprobs"]),
+                                   atol=self.logprob_tol, rtol=0)
 
 
 class TestKimiK3TP2Server(TwoRankServerChecks, unittest.TestCase):
@@ -143,15 +154,6 @@ class TestKimiK3TP2Server(TwoRankServerChecks, unittest.TestCase):
                 row = logp[len(prompt) - 1 + j]
                 self.assertEqual(tok, int(row.argmax()), f"prompt of {len(prompt)} tokens, step {j}")
                 self.assertAlmostEqual(lp, float(row[tok]), delta=LOGPROB_TOL)
-
-    def test_cache_hits_return_the_cold_result(self):
-        self.assertEqual(self.outputs[0]["cached"], 0)
-        repeat, next_turn = self.outputs[1], self.outputs[2]
-        self.assertGreater(repeat["cached"], 0)
-        self.assertGreater(next_turn["cached"], 0)
-        self.assertEqual(repeat["ids"], self.outputs[0]["ids"])
-        torch.testing.assert_close(torch.tensor(repeat["logprobs"]), torch.tensor(self.outputs[0]["logprobs"]),
-                                   atol=LOGPROB_TOL, rtol=0)
 
 
 if __name__ == "__main__":
