@@ -178,9 +178,11 @@ class ValueAwareMambaComponent(MambaComponent):
 
         A state tracked during decode (position beyond the prompt) is donated only
         while :meth:`HybridRadixCache._end_is_valuable` predicts reuse (issue #3,
-        placement: "decode-end states only where the policy predicts reuse"); the
-        request's KV is inserted either way. Returns upstream's ``(position, slot)``
-        or ``None`` (donate nothing).
+        placement: "decode-end states only where the policy predicts reuse"). ``None``
+        makes the finish insert nothing new: the prompt (KV + prompt-end state) was
+        inserted when its prefill ended, and the decoded tokens' KV is freed (no state
+        at its end, so no resume point; upstream refuses a FULL + MAMBA insert without
+        one). Returns upstream's ``(position, slot)`` or ``None`` (donate nothing).
         """
         sel = super()._select_finished_checkpoint(req, token_ids_len)
         cache = self.cache
