@@ -1,6 +1,6 @@
 """Build a tiny random-weight checkpoint in upstream SGLang 0.5.23's schema.
 
-    python -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3 --out DIR [--seed 0]
+    python -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3 --out DIR [--seed 0] [--vocab-size 32000]
     python -m sglang_hybrid.tools.make_tiny_model --arch qwen3.8-flash-next --out DIR
 
 Writes ``config.json``, ``model.safetensors`` with upstream's tensor names, and
@@ -430,11 +430,25 @@ def _init(kind: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
     raise ValueError(f"unknown init kind {kind!r}")
 
 
-def build(arch: str, out: str, seed: int = 0, dtype: str = "float32", num_layers: int = 8) -> Dict:
+def build(
+    arch: str,
+    out: str,
+    seed: int = 0,
+    dtype: str = "float32",
+    num_layers: int = 8,
+    vocab_size: Optional[int] = None,
+) -> Dict:
     """Write the tiny checkpoint into ``out``; returns the config dict.
 
+    ``vocab_size`` (default: the tokenizer's size, 965) pads the model's
+    vocabulary beyond the tokenizer: config ``vocab_size`` and the embedding /
+    LM-head rows grow to it (random rows, deterministic per seed); the tokenizer
+    is unchanged, so ids from its size up are valid model inputs and outputs
+    without text. Used to serve upstream kits that send token ids up to 31,999.
+
     Raises:
-        ValueError: unknown ``arch`` or ``dtype``, or ``num_layers`` < 1.
+        ValueError: unknown ``arch`` or ``dtype``, ``num_layers`` < 1, or
+            ``vocab_size`` below the tokenizer's size.
     """
     from safetensors.torch import save_file
 
@@ -446,8 +460,10 @@ def build(arch: str, out: str, seed: int = 0, dtype: str = "float32", num_layers
         raise ValueError(f"--num-layers must be >= 1, got {num_layers}")
     os.makedirs(out, exist_ok=True)
     tok = write_tokenizer(out)
+    if vocab_size is not None and vocab_size < tok["vocab_size"]:
+        raise ValueError(f"--vocab-size must be >= the tokenizer's {tok['vocab_size']}, got {vocab_size}")
     make_config = kimi_k3_tiny_config if arch == "kimi-k3" else qwen38_tiny_config
-    cfg = make_config(tok["vocab_size"], tok[BOS_TOKEN], tok[EOS_TOKEN], dtype, num_layers)
+    cfg = make_config(vocab_size or tok["vocab_size"], tok[BOS_TOKEN], tok[EOS_TOKEN], dtype, num_layers)
     tdtype = getattr(torch, dtype)
     tensors = {}
     for name, (shape, kind) in sorted(tensor_specs(cfg).items()):
@@ -476,8 +492,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--num-layers", type=int, default=8)
+    parser.add_argument(
+        "--vocab-size", type=int, default=None,
+        help="pad the model's vocabulary (embedding and LM-head rows) to this size; the tokenizer stays as is",
+    )
     args = parser.parse_args(argv)
-    cfg = build(args.arch, args.out, args.seed, args.dtype, args.num_layers)
+    cfg = build(args.arch, args.out, args.seed, args.dtype, args.num_layers, args.vocab_size)
     n = len(tensor_specs(cfg))
     layers = cfg.get("text_config", cfg)["num_hidden_layers"]
     print(f"wrote {args.arch} tiny checkpoint ({n} tensors, {layers} layers) to {args.out}")
