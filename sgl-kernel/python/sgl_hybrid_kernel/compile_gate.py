@@ -203,17 +203,27 @@ def chunk_parallel_configs() -> List[KernelConfig]:
         for tf32 in ((False,) if target != "sm90" else (True,)):  # chunk.py: no TF32 on CDNA
             for model, kind, H, HV, lb in models:
                 for ckpt in (False, True):
-                    for part, (kern, cx, nw, _) in launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt).items():
-                        key = (target, part, tuple(sorted(cx.items())), nw)
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                        ps = inspect.signature(kern.fn).parameters
-                        sig = {k: v for k, v in {**bf16, **idx}.items() if k in ps}
-                        name = f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"
-                        out.append(KernelConfig(name, kern, cx, num_warps=nw, targets=(target,),
-                                                signature={**_int32_scalars(kern, cx), **sig}))
+                    params = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt)
+                    _add_launch_rows(out, seen, target, params, {**bf16, **idx}, lambda part: (
+                        f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}"
+                        f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"))
     return out
+
+
+def _add_launch_rows(out: List[KernelConfig], seen: set, target: str, params: Dict, ptr_types: Dict[str, str],
+                     name_of: Callable[[str], str]) -> None:
+    """Append one config per launched part ``{part: (kernel, constexprs, num_warps, _)}`` not yet in
+    ``seen`` (same target, part, constexprs, warps), typed with the kernel's int32 scalars and those
+    of ``ptr_types`` it takes."""
+    for part, (kern, cx, nw, _) in params.items():
+        key = (target, part, tuple(sorted(cx.items())), nw)
+        if key in seen:
+            continue
+        seen.add(key)
+        ps = inspect.signature(kern.fn).parameters
+        sig = {k: v for k, v in ptr_types.items() if k in ps}
+        out.append(KernelConfig(name_of(part), kern, cx, num_warps=nw, targets=(target,),
+                                signature={**_int32_scalars(kern, cx), **sig}))
 
 
 def chunk_group_scan_configs() -> List[KernelConfig]:
@@ -234,16 +244,8 @@ def chunk_group_scan_configs() -> List[KernelConfig]:
         tf32 = target == "sm90"
         for model, kind, H, HV in models:
             params = group_scan_launch_params(kind, H, HV, 128, 128, True, tf32, launch)
-            for part, (kern, cx, nw, _) in params.items():
-                key = (target, part, tuple(sorted(cx.items())), nw)
-                if key in seen:
-                    continue
-                seen.add(key)
-                ps = inspect.signature(kern.fn).parameters
-                sig = {k: v for k, v in {**bf16, **idx}.items() if k in ps}
-                name = f"{model}_chunk64_group_{part}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"
-                out.append(KernelConfig(name, kern, cx, num_warps=nw, targets=(target,),
-                                        signature={**_int32_scalars(kern, cx), **sig}))
+            _add_launch_rows(out, seen, target, params, {**bf16, **idx},
+                             lambda part: f"{model}_chunk64_group_{part}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}")
     return out
 
 
