@@ -1,6 +1,7 @@
 """Serving wiring of :class:`HybridRadixCache` (issue #3).
 
-* ``register_radix_cache_backend("hybrid", factory)``: ``--radix-cache-backend hybrid``.
+* ``register_radix_cache_backend("hybrid", factory)``: ``--radix-cache-backend hybrid``;
+  ``"upstream"``: upstream's own chain for our models too (A/B control).
 * AROUND ``registry.default_radix_cache_factory``: with no ``--radix-cache-backend``
   our hybrid architectures get the ``hybrid`` backend (upstream's chain for
   everything else, and for ours when HiCache / LMCache / a disabled cache is asked for).
@@ -23,12 +24,16 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "hybrid"
+# A/B control: upstream's own selection chain, also for our models.
+UPSTREAM_BACKEND_NAME = "upstream"
+_UPSTREAM_CHAIN = contextvars.ContextVar("sglang_hybrid_upstream_cache_chain", default=False)
 HOST_FLAG = "--hybrid-host-cache-gb"
 HOST_ENV = "SGLANG_HYBRID_HOST_CACHE_GB"
 DEVICE_FLAG = "--hybrid-device-cache-gb"
@@ -181,12 +186,29 @@ def _ours(ctx) -> bool:
     return bool(archs & ours)
 
 
+def upstream_cache_factory(ctx):
+    """Registered factory ``--radix-cache-backend upstream``: upstream 0.5.23's own cache
+    selection (``UnifiedRadixCache`` with its MAMBA component for our models), without the
+    hybrid cache that is otherwise their default. For A/B runs against upstream; our
+    branch-point split and joint budget act only on ``HybridRadixCache`` and stay off."""
+    from sglang.srt.mem_cache import registry
+
+    token = _UPSTREAM_CHAIN.set(True)
+    try:
+        cache = registry.default_radix_cache_factory(ctx)
+    finally:
+        _UPSTREAM_CHAIN.reset(token)
+    logger.info("radix cache: upstream's %s (--radix-cache-backend %s)", type(cache).__name__, UPSTREAM_BACKEND_NAME)
+    return cache
+
+
 def _default_factory(original, ctx, *args, **kwargs):
     from sglang.srt.runtime_context import get_memory
 
     mem = get_memory()
     if (
-        ctx.is_hybrid_ssm
+        not _UPSTREAM_CHAIN.get()
+        and ctx.is_hybrid_ssm
         and not ctx.disable_radix_cache
         and not ctx.enable_hierarchical_cache
         and not getattr(mem, "enable_lmcache", False)
@@ -244,11 +266,33 @@ def _split_at_branch_point(original, self, req, *args, **kwargs):
     request's state is donated at the chunk end) and the next chunk reaches the
     prompt end, which is stored at the end of the request: both resume points
     exist. Only with our cache, with chunked prefill on, and when no other
-    request is mid-chunk (the scheduler tracks one chunked request).
+    request is mid-chunk (the scheduler tracks one chunked request). For the same
+    reason, once a split request is the batch's chunked request, a later request
+    that would be chunked is refused for this batch (``AddReqResult.OTHER``) and
+    admitted with the next one; before this, it replaced the split request as the
+    tracked chunk and the split request decoded from its branch point without the
+    rest of its prompt (found by upstream's radix_cache_server_kit; test:
+    test_hybrid_cache_server.py, case "split + chunked neighbour").
     """
     adm = original(self, req, *args, **kwargs)
+    if getattr(adm, "is_chunked", False):
+        pending = getattr(self, "new_chunked_req", None)
+        if pending is not None and pending is not req:
+            # A branch split earlier in this batch is already the batch's chunked
+            # request and upstream tracks only one: a second chunked admission would
+            # replace it, and the split request would start decoding from its
+            # branch point with the rest of its prompt never computed. Close the
+            # batch instead; this request is admitted with the next one.
+            from sglang.srt.managers.schedule_policy import AddReqResult
+
+            logger.info(
+                "hybrid cache: rid=%s would be a second chunked request in this batch (rid=%s is split at its "
+                "branch point); admitted with the next batch", req.rid, pending.rid,
+            )
+            return AddReqResult.OTHER
+        return adm
     b = getattr(req, "mamba_branching_seqlen", None)
-    if b is None or not hasattr(adm, "extend_len") or adm.is_chunked:
+    if b is None or not hasattr(adm, "extend_len"):
         return adm
     from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache
 
@@ -270,6 +314,8 @@ def install() -> None:
 
     if BACKEND_NAME not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND_NAME, hybrid_cache_factory)
+    if UPSTREAM_BACKEND_NAME not in registered_radix_cache_backends():
+        register_radix_cache_backend(UPSTREAM_BACKEND_NAME, upstream_cache_factory)
     HookRegistry.register(DEFAULT_FACTORY, _default_factory, HookType.AROUND)
     HookRegistry.register(SELECT_ADMISSION, _split_at_branch_point, HookType.AROUND)
     HookRegistry.register(ADD_CLI_ARGS, _add_flag, HookType.AFTER)

@@ -42,6 +42,17 @@ def ids(seed: int, n: int):
     return [rng.randrange(10, 960) for _ in range(n)]
 
 
+def generate_batch(url, prompts, n=6, timeout=300):
+    """One /generate call with several prompts (they reach the scheduler together)."""
+    r = requests.post(
+        url + "/generate",
+        json={"input_ids": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": n}},
+        timeout=timeout,
+    )
+    r.raise_for_status()
+    return [(j["output_ids"], j["meta_info"]["cached_tokens"]) for j in r.json()]
+
+
 def generate(url, prompt, n=6, timeout=300):
     r = requests.post(
         url + "/generate",
@@ -69,6 +80,12 @@ CASES += [("K6 P", P128), ("K6 P+2", P128 + ids(31, 2)), ("K6 P+50", P128 + ids(
 CASES += [("K7 sentinel cold", SENTINEL)]
 CASES += [(f"K7 flood {i}", ids(40 + i, 300)) for i in range(6)]
 CASES += [("K7 sentinel again", SENTINEL), ("K7 sentinel again 2", SENTINEL)]
+# Split + chunked neighbour: W caches SYS2's KV without a checkpoint inside it; then A (branch
+# point 128 inside its extend, prompt end 260 beyond) and B (400 tokens, longer than the chunk)
+# arrive in one batch. A's prefill is cut at its branch point, so B must not also be chunked in
+# that batch (upstream tracks one chunked request; B replacing A made A decode from 128).
+SYS2 = ids(80, 150)
+SPLIT_W, SPLIT_A, SPLIT_B = SYS2 + ids(81, 110), SYS2 + ids(82, 110), ids(83, 400)
 
 EXPECTED_CACHED = {
     "K1 cold": 0,
@@ -98,6 +115,8 @@ class TestHybridCacheServerCases(CustomTestCase):
         with LaunchedServer(cls.model, args + ["--hybrid-host-cache-gb", "0.05", "--enable-metrics"], env=STRICT) as s:
             for name, p in CASES:
                 cls.on[name] = generate(s.base_url, p)
+            generate(s.base_url, SPLIT_W)
+            cls.split = generate_batch(s.base_url, [SPLIT_A, SPLIT_B])
             cls.metrics = requests.get(s.base_url + "/metrics", timeout=30).text
             cls.k3 = cls._abort_then_retry(s.base_url)
             cls.k12_healthy = cls._abort_storm(s.base_url)
@@ -115,6 +134,7 @@ class TestHybridCacheServerCases(CustomTestCase):
                     seen[key] = generate(s.base_url, p)
                 cls.off[name] = seen[key]
             cls.k3_off = generate(s.base_url, cls.k3["prompt"])[0]
+            cls.split_off = [generate(s.base_url, SPLIT_A)[0], generate(s.base_url, SPLIT_B)[0]]
             cls.k3_same_prefix_off = generate(s.base_url, cls.k3["same_prefix_prompt"])[0]
 
     @staticmethod
@@ -198,6 +218,14 @@ class TestHybridCacheServerCases(CustomTestCase):
         self.assertGreater(value("sglang_hybrid_cache_device_hit_tokens"), 0)
         self.assertGreaterEqual(value("sglang_hybrid_cache_kv_match_discarded_tokens"), 144)
         self.assertGreater(value("sglang_hybrid_cache_recomputed_tokens"), 0)
+
+    def test_split_with_chunked_neighbour_equals_cache_off(self):
+        self.assertEqual([out for out, _ in self.split], self.split_off)
+        # A's prefill really was cut at its branch point (the case this guards): no resume point,
+        # 144 tokens of KV matched, and a checkpoint stored at the chunk end 128
+        rid = re.search(r"hybrid-cache match rid=(\S+) len=260 device=0 host=0 recomputed=260 kv_match_discarded=144", self.log)
+        self.assertIsNotNone(rid)
+        self.assertIn(f"hybrid-cache checkpoint rid={rid.group(1)} state_pos=128 node_depth=128", self.log)
 
     def test_k3_abort_then_retry_equals_cache_off(self):
         self.assertEqual(self.k3["retry"][0], self.k3_off)
