@@ -36,3 +36,41 @@ def tiny_kimi_k3_padded(vocab_size: int = 32000, seed: int = 0) -> str:
     if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
         build("kimi-k3", out, seed=seed, vocab_size=vocab_size)
     return out
+
+
+def tiny_kimi_k3_with_words(words, vocab_size: int = 32000, seed: int = 0) -> str:
+    """The padded tiny Kimi K3 (:func:`tiny_kimi_k3_padded`) whose tokenizer also has ``words`` as
+    added tokens (ids 965, 966, ... in order, inside the padded vocabulary; weights shared by a
+    hard link), so that e.g. ``"hi" * 257`` is 257 tokens, as upstream's
+    ``prefix_cache_branching_kit`` assumes of a real tokenizer (our byte-level BPE splits "hi" in two).
+    """
+    import shutil
+
+    from tokenizers import AddedToken, Tokenizer
+
+    base = tiny_kimi_k3_padded(vocab_size, seed)
+    out = os.path.join(_CACHE_DIR, f"kimi-k3-tiny-vocab{vocab_size}-seed{seed}-words-{'-'.join(words)}")
+    if os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+        return out
+    os.makedirs(out, exist_ok=True)
+    for name in sorted(os.listdir(base)):
+        if name == "config.json":
+            continue
+        src, dst = os.path.join(base, name), os.path.join(out, name)
+        if os.path.exists(dst):
+            os.remove(dst)
+        if name.endswith(".safetensors"):
+            try:
+                os.link(src, dst)
+                continue
+            except OSError:  # another file system
+                pass
+        shutil.copy(src, dst)
+    tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    first = tok.get_vocab_size()
+    tok.add_tokens([AddedToken(w, normalized=False) for w in words])
+    if tok.get_vocab_size() != first + len(words) or first + len(words) > vocab_size:
+        raise ValueError(f"words {words!r} must be new to the tokenizer and fit the vocabulary of {vocab_size}")
+    tok.save(os.path.join(out, "tokenizer.json"))
+    shutil.copy(os.path.join(base, "config.json"), os.path.join(out, "config.json"))
+    return out
