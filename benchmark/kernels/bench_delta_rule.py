@@ -10,7 +10,11 @@ Run on a CUDA machine (the device tool), with fla-core importable:
 2. the copy ceiling (device-to-device copy, read + write bytes);
 3. decode / verify timed by CUDA-graph replay over a state pool several times
    larger than L2, with the batch's slots rotated between replays; fla timed the
-   same way in the same run; chunked prefill timed eagerly.
+   same way in the same run; chunked prefill timed eagerly;
+4. ``bench_recurrent_sweep`` (issue 4): decode / verify / deferred-commit verify per
+   (value tile, warps), the package's defaults, an older checkout's package
+   (``--recurrent-baseline``) and fla in one process, plus the state read + write
+   floor of the same slots.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 
 import torch
 import triton
+import triton.language as tl
 
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, replay_commit
@@ -76,6 +81,47 @@ def copy_ceiling_tbs():
 
 
 # ----------------------------------------------------------------------------- correctness
+def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128):
+    """Deferred commit at a serving shape (BF16 activations, default tiles): outputs equal the
+    snapshot verify's, the replayed states equal the snapshots, and a second window with the
+    replay fused equals a plain verify started from the snapshot states; all bit for bit."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    N = B * T
+    gk = 1 if gate == "gdn" else K
+
+    def window():
+        q, k = (torch.randn(N, H, K, device=DEV, generator=g).to(torch.bfloat16) for _ in range(2))
+        v = torch.randn(N, HV, V, device=DEV, generator=g).to(torch.bfloat16)
+        f = torch.randn(*((N, HV) if gate == "gdn" else (N, HV, K)), device=DEV, generator=g).to(torch.bfloat16)
+        b = torch.randn(N, HV, device=DEV, generator=g).to(torch.bfloat16)
+        return q, k, v, f, b
+
+    w1, w2 = window(), window()
+    A = torch.rand(HV, device=DEV, generator=g)
+    dtb = torch.randn(HV if gate == "gdn" else HV * K, device=DEV, generator=g)
+    lb = None if gate == "gdn" else LB
+    pool = torch.randn(24, HV, K, V, device=DEV, generator=g) * 0.1
+    idx = torch.randperm(24, device=DEV)[:B].to(torch.int32)
+    acc = torch.randint(1, T + 1, (B,), device=DEV, dtype=torch.int32)
+    inter = torch.zeros(N, HV, K, V, device=DEV)
+    p_snap = pool.clone()
+    o_s = gated_delta_recurrent_triton(*w1, A, dtb, p_snap, idx, T, gate, lb, state_layout=layout, commit=False,
+                                       inter_state=inter, inter_indices=torch.arange(N, device=DEV, dtype=torch.int32))
+    p_def = pool.clone()
+    rb1, rb2 = (torch.zeros(24, T - 1, HV, K + gk + 1 + V, device=DEV) for _ in range(2))
+    o_d = gated_delta_recurrent_triton(*w1, A, dtb, p_def, idx, T, gate, lb, state_layout=layout, replay_buffer=rb1)
+    p_fused = p_def.clone()
+    replay_commit(p_def, idx, acc, rb1, K, gate, state_layout=layout, num_k_heads=H, lower_bound=lb)
+    snaps = torch.stack([inter[i * T + int(a) - 1] for i, a in enumerate(acc.tolist())])
+    p_ref = pool.clone()
+    p_ref[idx.long()] = snaps
+    o2_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout=layout, commit=True)
+    o2_f = gated_delta_recurrent_triton(*w2, A, dtb, p_fused, idx, T, gate, lb, state_layout=layout, replay_buffer=rb2,
+                                        replay_prev=rb1, accept_prev=acc)
+    return dict(outputs=bool(torch.equal(o_s, o_d)), replayed_states=bool(torch.equal(p_def[idx.long()], snaps)),
+                fused_outputs=bool(torch.equal(o2_ref, o2_f)), fused_vs_ref_rel=rel(o2_f.float(), o2_ref.float()))
+
+
 def check_correctness(results):
     torch.manual_seed(0)
     out = {}
@@ -114,7 +160,7 @@ def check_correctness(results):
     rb = torch.zeros(16, T - 1, HV, K + 1 + 1 + V, device=DEV)
     o_d = gated_delta_recurrent_triton(q, k, v2, a2, b2, A2, dt2, p_def, idx2, T, "gdn", replay_buffer=rb, value_tile=4)
     acc = torch.tensor([1, 4, 2, 3], device=DEV, dtype=torch.int32)
-    replay_commit(p_def, idx2, acc, rb, K, "gdn", value_tile=4)
+    replay_commit(p_def, idx2, acc, rb, K, "gdn", value_tile=4, num_k_heads=H, activation_dtype=torch.float32)
     out["deferred_outputs_bit_exact"] = bool(torch.equal(o_s, o_d))
     # fused replay: a second window that first rebuilds the first window's accepted state
     w2 = [torch.randn_like(t) for t in (q, k, v2, a2, b2)]
@@ -131,6 +177,9 @@ def check_correctness(results):
     out["deferred_states_bit_exact"] = all(
         bool(torch.equal(p_def[s], inter2[i * T + int(a) - 1])) for i, (s, a) in enumerate(zip(idx2.tolist(), acc.tolist()))
     )
+    # the same three checks at the serving shapes, BF16 activations, the wrappers' default tiles
+    for gate_, H_, HV_, T_, layout in (("gdn", 16, 48, 5, "vk"), ("gdn", 16, 48, 5, "kv"), ("kda", 12, 12, 4, "vk")):
+        out[f"deferred_bit_exact_{gate_}_{layout}_t{T_}"] = _deferred_exact(gate_, H_, HV_, T_, layout)
     # fused decode vs reference chain
     Bd, Hd, Kd = 5, 4, 64
     C = 3 * Hd * Kd
@@ -316,7 +365,7 @@ def bench_gdn(results, ceiling):
 
                 def deferred(r):
                     gated_delta_recurrent_triton(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", replay_buffer=rb[0], out=o)
-                    replay_commit(pool, perms[r], acc, rb[0], K, "gdn")
+                    replay_commit(pool, perms[r], acc, rb[0], K, "gdn", num_k_heads=H)
 
                 row["ours_deferred_verify_plus_commit_us"] = graph_time_us(deferred)
 
@@ -568,6 +617,182 @@ def bench_group_scan(results):
     results["group_scan"] = rows
 
 
+HOST_SHAPES = ((1, 4096), (1, 65536))
+# group-scan variants of bench_prefill_host at T: chunks of 64 tokens per group (64: one group at 4K)
+HOST_GROUP_CHUNKS = {4096: (64, 32, 22, 16, 8), 65536: ()}
+HOST_HEADS = (12, 128, 128)  # KDA heads, key and value head dims (Kimi K3 TP8)
+HOST_BASELINE = None  # main(): --prefill-baseline (an older checkout's package, timed in the same process)
+
+
+def _load_package(path):
+    """Every ``sgl_hybrid_kernel`` module of the checkout at ``path`` (its ``delta_rule`` chunk
+    wrappers imported), as a ``sys.modules`` dict; ours are restored afterwards. Time its calls
+    inside ``_package(mods)``, which swaps the dict in, so its lazy imports resolve to its own modules."""
+    import importlib
+    import sys
+
+    mine = {n: m for n, m in sys.modules.items() if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")}
+    for n in mine:
+        del sys.modules[n]
+    sys.path.insert(0, path)
+    try:
+        for name in ("chunk", "chunk_parallel", "chunk_group_scan", "dispatch"):
+            importlib.import_module(f"sgl_hybrid_kernel.delta_rule.{name}")
+        theirs = {n: m for n, m in sys.modules.items() if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")}
+    finally:
+        sys.path.remove(path)
+        for n in [n for n in sys.modules if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")]:
+            del sys.modules[n]
+        sys.modules.update(mine)
+    return theirs
+
+
+class _package:
+    def __init__(self, mods):
+        self.mods = mods
+
+    def __enter__(self):
+        import sys
+
+        if self.mods:
+            self.saved = {n: sys.modules.get(n) for n in self.mods}
+            sys.modules.update(self.mods)
+
+    def __exit__(self, *exc):
+        import sys
+
+        if self.mods:
+            for n, m in self.saved.items():
+                if m is None:
+                    sys.modules.pop(n, None)
+                else:
+                    sys.modules[n] = m
+
+
+def _host_numbers(call, reps=30):
+    """``(host_us, syncs)``: host wall time per call while issuing ``reps`` calls back to back (no sync
+    between them: with no host sync inside ``call`` this is the host's own work, since the GPU only has
+    to keep up), and the synchronizing CUDA calls one call makes (``torch.cuda.set_sync_debug_mode``)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        call()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6, sum("synchroniz" in str(w.message) for w in got)
+
+
+def bench_prefill_host(results):
+    """Host overhead of the chunk-64 prefill and its group-scan mode (issue 4), B=1, Kimi K3 TP8
+    (12 KDA heads x 128, safe gate, BF16 activations, TF32, BF16 intermediates): eager ``do_bench``
+    median, the profiler's kernel sum, host time per call and host syncs per call, for this package
+    (with and without ``seq_lens_cpu``), an older checkout's (``--prefill-baseline``, same process)
+    and fla ``chunk_kda``; outputs of each compared with the plain pass and fla."""
+    from fla.ops.kda import chunk_kda
+
+    base_mods = _load_package(HOST_BASELINE) if HOST_BASELINE else None
+    impls = [("new", None)] + ([("before", base_mods)] if base_mods else [])
+    rows = []
+    results["prefill_host"] = rows
+    H, K, V = HOST_HEADS
+    A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
+    for B, T in HOST_SHAPES:
+        N = B * T
+        q, k, v = (torch.randn(N, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
+        f = torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16)
+        b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
+        cu = torch.arange(0, N + 1, T, device=DEV, dtype=torch.int32)
+        pool0 = torch.randn(B, H, K, V, device=DEV) * 0.1
+        pool = pool0.clone()
+        idx = torch.arange(B, device=DEV, dtype=torch.int32)
+        cu64 = cu.long()
+        base = dict(gate="kda", lower_bound=LB, method="parallel", tf32=True, scratch_dtype=torch.bfloat16)
+        row = dict(op="kda_chunk_prefill_host", B=B, T=T, H=H, K=K, V=V, baseline=HOST_BASELINE,
+                   baseline_file=base_mods["sgl_hybrid_kernel.delta_rule.chunk"].__file__ if base_mods else None, variants={})
+        rows.append(row)
+
+        def fla_call():
+            return chunk_kda(q.view(1, N, H, K), k.view(1, N, H, K), v.view(1, N, H, V), f.view(1, N, H, K), b.view(1, N, H),
+                             scale=K ** -0.5, initial_state=pool, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                             use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LB,
+                             A_log=A, dt_bias=dtb, cu_seqlens=cu64)
+
+        o_fla = s_fla = None
+        if T <= 4096:
+            try:
+                fms = triton.testing.do_bench(fla_call, warmup=50, rep=150, return_mode="median")
+                fper, ftot = _kernel_us(fla_call)
+                fhost, fsync = _host_numbers(fla_call)
+                pool.copy_(pool0)
+                o_fla, s_fla = fla_call()
+                o_fla = o_fla.view(N, H, V).float()
+                row.update(fla_ms=fms, fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot, fla_host_us=fhost,
+                           fla_syncs=fsync)
+                print(B, T, f"fla {fms:.3f} ms, kernels {ftot:.0f} us, host {fhost:.0f} us/call, syncs {fsync}", flush=True)
+            except Exception as exc:
+                print("fla chunk", type(exc).__name__, str(exc)[:300], flush=True)
+        variants = [("plain", dict(group_scan=False))]
+        variants += [(f"group_scan_L{gc}", dict(group_scan=True, group_chunks=gc)) for gc in HOST_GROUP_CHUNKS[T]]
+        ref = None
+        for impl, mods in impls:
+            for lens_cpu in ((False, True) if impl == "new" else (False,)):
+                for name, kw in variants:
+                    if lens_cpu:
+                        kw = dict(kw, seq_lens_cpu=[T] * B)
+                    tag = f"{impl}{'_lenscpu' if lens_cpu else ''}:{name}"
+                    with _package(mods):
+                        fn = sys_modules_chunk_fn()
+                        call = lambda: fn(q, k, v, f, b, A, dtb, cu, pool, idx, **base, **kw)  # noqa: E731
+                        try:
+                            call()
+                            ms = triton.testing.do_bench(call, warmup=20, rep=120, return_mode="median")
+                            ms2 = triton.testing.do_bench(call, warmup=5, rep=120, return_mode="median")
+                            per, tot = _kernel_us(call)
+                            host, syncs = _host_numbers(call)
+                            pool.copy_(pool0)
+                            o = call().float()
+                        except Exception as exc:
+                            print("variant", tag, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
+                            continue
+                    r = dict(ms=ms, ms_repeat=ms2, mtok_s=N / (ms * 1e-3) / 1e6, kernel_sum_us=tot, host_us=host, syncs=syncs,
+                             launches=sum(1 for kname in per if "kernel" in kname), kernel_us_per_call=per,
+                             nan=bool(o.isnan().any() or pool.isnan().any()))
+                    if ref is None:
+                        ref = (o, pool.clone())
+                    r["rel_diff_o_vs_new_plain"] = rel(o, ref[0])
+                    r["rel_diff_state_vs_new_plain"] = rel(pool, ref[1])
+                    if row.get("fla_ms"):
+                        r["vs_fla"] = row["fla_ms"] / ms
+                        r["rel_diff_o_vs_fla"] = rel(o, o_fla)
+                        r["rel_diff_state_vs_fla"] = rel(pool, s_fla)
+                    row["variants"][tag] = r
+                    if PARTIAL_OUT:
+                        with open(PARTIAL_OUT, "w") as fh:
+                            json.dump(results, fh, indent=1)
+                    print(f"  {B} {T} {tag}: {ms:.3f} ms (repeat {ms2:.3f}), {r.get('vs_fla', float('nan')):.2f}x fla, "
+                          f"kernels {tot:.0f} us, host {host:.0f} us/call, syncs {syncs}, rel o vs new plain "
+                          f"{r['rel_diff_o_vs_new_plain']:.1e}, vs fla {r.get('rel_diff_o_vs_fla', -1):.1e}", flush=True)
+        del q, k, v, f, b
+        torch.cuda.empty_cache()
+
+
+def sys_modules_chunk_fn():
+    """``gated_delta_chunk_triton`` of the package now in ``sys.modules`` (ours, or a baseline's under ``_package``)."""
+    import sys
+
+    return sys.modules["sgl_hybrid_kernel.delta_rule.chunk"].gated_delta_chunk_triton
+
+
 CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # (name, ChunkLaunch fields replaced on this device's entry); fields the package does not have are skipped,
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
@@ -583,6 +808,26 @@ CHUNK_STATE_VARIANTS = [
     ("intra_ieee", dict(intra_precision="ieee")),
     ("intra_kd16", dict(intra_kd=16)),
     ("intra_x3_kd16", dict(intra_precision="tf32x3", intra_kd=16)),
+    # split in-chunk step (issue 4): A / Aqk as [16, 16] blocks j <= i, one program per (chunk, head,
+    # 16-row block) with `intra_a_warps` and key blocks of `intra_a_kd`; then the block inverse and
+    # w / u / kg per (chunk, head) with `intra_solve_warps`
+    # (2026-11-30: 8 / 4 / 2 warps took 7.9 / 2.9 / 1.5 ms for A at B=1, 64K; key blocks of 8 do not compile)
+    ("split_a4_kd16", dict(intra_split=True, intra_a_warps=4, intra_a_kd=16, intra_solve_warps=8)),
+    ("split_a2_kd16", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8)),
+    ("split_a1_kd16", dict(intra_split=True, intra_a_warps=1, intra_a_kd=16, intra_solve_warps=8)),
+    # state pass with the state / v_new rounded to the BF16 scratch in its products (state_lowp)
+    ("split_a2_lowp", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, state_lowp=True)),
+    ("split_a2_lowp_sw4", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, state_lowp=True,
+                               state_warps=4)),
+    ("split_a2_lowp_bv32", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, state_lowp=True,
+                                state_bv=32)),
+    # the inverse as a third launch (ten 16x16 blocks, intra_inv_warps per (chunk, head)) before w / u / kg
+    ("split_a2_inv4", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, intra_inv=True,
+                           intra_inv_warps=4)),
+    ("split_a2_inv8", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, intra_inv=True,
+                           intra_inv_warps=8)),
+    ("split_a2_inv4_lowp", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, intra_inv=True,
+                                intra_inv_warps=4, state_lowp=True)),
 ]
 
 
@@ -652,6 +897,7 @@ def bench_chunk_state(results, variants=None, baseline=None):
     fields = {f.name for f in dataclasses.fields(base)}
     rows = []
     results["chunk_state"] = rows
+    fp64_errs = {}
     H, K, V = 12, 128, 128
     A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
     for B, T in CHUNK_STATE_SHAPES:
@@ -699,7 +945,9 @@ def bench_chunk_state(results, variants=None, baseline=None):
             except Exception as exc:
                 print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
                 continue
-            fp64_err = _fp64_chunk_err(fn)
+            if name not in fp64_errs:  # the same launch's numerics at every shape: check once
+                fp64_errs[name] = _fp64_chunk_err(fn)
+            fp64_err = fp64_errs[name]
             state_us = sum(t for kname, t in per.items() if "chunk_state" in kname)
             intra_us = sum(t for kname, t in per.items() if "chunk_intra" in kname)
             r = dict(overrides=over if over is not None else f"package at {baseline}", ms=ms, mtok_s=N / (ms * 1e-3) / 1e6, vs_fla=fms / ms, kernel_sum_us=tot,
@@ -747,19 +995,244 @@ def bench_decode_b1_value_tiles(results, ceiling):
     results["kda_decode_b1_value_tiles"] = rows
 
 
+@triton.jit
+def _state_copy_kernel(pool_ptr, idx_ptr, s_slot, s_h, HV: tl.constexpr, KV: tl.constexpr, BLOCK: tl.constexpr):
+    """Read and write back one (request, head) state in place: the bytes a decode step must move."""
+    i_b = tl.program_id(1) // HV
+    i_h = tl.program_id(1) % HV
+    slot = tl.load(idx_ptr + i_b).to(tl.int64)
+    off = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p = pool_ptr + slot * s_slot + i_h * s_h + off
+    x = tl.load(p, mask=off < KV)
+    tl.store(p, x, mask=off < KV)
+
+
+def _state_copy_us(pool, perms):
+    """Graph-replay time of reading + writing the batch's states (the decode's memory floor, same pool and slots)."""
+    _, HV, K, V = pool.shape
+    B = perms[0].shape[0]
+    blk = 2048
+    return graph_time_us(lambda r: _state_copy_kernel[(K * V // blk, B * HV)](pool, perms[r], pool.stride(0), pool.stride(1),
+                                                                               HV=HV, KV=K * V, BLOCK=blk, num_warps=4))
+
+
+def _load_baseline_recurrent(path):
+    """``(gated_delta_recurrent_triton, replay_commit)`` of another checkout's package at ``path``."""
+    import importlib
+    import sys
+
+    mine = {n: m for n, m in sys.modules.items() if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")}
+    for n in mine:
+        del sys.modules[n]
+    sys.path.insert(0, path)
+    try:
+        mod = importlib.import_module("sgl_hybrid_kernel.delta_rule.recurrent")
+    finally:
+        sys.path.remove(path)
+        for n in [n for n in sys.modules if n == "sgl_hybrid_kernel" or n.startswith("sgl_hybrid_kernel.")]:
+            del sys.modules[n]
+        sys.modules.update(mine)
+    return mod.gated_delta_recurrent_triton, mod.replay_commit
+
+
+# (BV, warps[, preload]) tried per case; None = the wrapper's default (pick_value_tile /
+# recurrent_num_warps / recurrent_preload); preload False = per-token inputs ("_tok" in the name)
+# (the first sweep, 2026-11-30, tried 4..64 columns x 1..8 warps: one warp won everywhere)
+SWEEP_TILES = {("decode", 1): [None, (4, 1), (8, 1), (16, 1)], ("decode", 0): [None, (8, 1)],
+               ("verify", 1): [None, (4, 1, False), (8, 1, False)],
+               ("verify", 0): [None, (8, 1, False), (16, 1, False), (16, 2, False), (32, 2, False), (64, 4, False)]}
+SWEEP_CASES = None  # main(): --sweep-cases (substrings of case names to run; None = all)
+RECURRENT_BASELINE = None  # main(): --recurrent-baseline
+SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, the baseline and fla only)
+
+
+def bench_recurrent_sweep(results, ceiling):
+    """Decode / verify / deferred-commit verify (issue 4), graph replay, states from a pool >> L2:
+    value tile x warps per case, the package's default, the baseline package's default (same
+    process) and fla; the state read + write floor of the same slots; per-variant output check
+    against the baseline's default output (relative difference)."""
+    from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    base_fn, base_commit = _load_baseline_recurrent(RECURRENT_BASELINE) if RECURRENT_BASELINE else (None, None)
+    rows = []
+    results["recurrent_sweep"] = rows
+    torch.manual_seed(0)
+
+    def run_case(tag, B, T, pool, perms, call, tiles, fla_call=None, check=None):
+        if SWEEP_CASES is not None and not any(c in tag for c in SWEEP_CASES):
+            return
+        row = dict(case=tag, B=B, T=T, variants={})
+        bytes_ = B * pool.shape[1] * pool.shape[2] * pool.shape[3] * 4 * 2
+        row["state_rw_floor_us"] = _state_copy_us(pool, perms)
+        row["state_rw_floor_frac_ceiling"] = bytes_ / (row["state_rw_floor_us"] * 1e-6) / 1e12 / ceiling
+        ref = check(base_fn if base_fn else gated_delta_recurrent_triton, {}) if check else None
+        tiles = [None] if SWEEP_DEFAULT_ONLY else tiles
+        todo = ([("baseline", base_fn, {})] if base_fn else []) + [
+            ("default" if t is None else f"bv{t[0]}_w{t[1]}" + ("_tok" if len(t) > 2 and not t[2] else ""),
+             gated_delta_recurrent_triton,
+             {} if t is None else dict(value_tile=t[0], num_warps=t[1], **({"preload": t[2]} if len(t) > 2 else {})))
+            for t in tiles]
+        for name, fn, kw in todo:
+            try:
+                us = graph_time_us(lambda r: call(fn, r, kw))
+                us2 = graph_time_us(lambda r: call(fn, r, kw))
+                v = dict(us=min(us, us2), us_runs=[us, us2], frac_ceiling=bytes_ / (min(us, us2) * 1e-6) / 1e12 / ceiling)
+                if check is not None and name != "baseline":
+                    v["rel_diff_vs_baseline"] = rel(check(fn, kw), ref)
+            except Exception as exc:
+                print(tag, B, T, name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
+                continue
+            row["variants"][name] = v
+        if fla_call is not None:
+            try:
+                row["fla_us"] = graph_time_us(fla_call)
+            except Exception as exc:
+                print("fla", tag, B, T, type(exc).__name__, str(exc)[:200], flush=True)
+        best = min(((n, v["us"]) for n, v in row["variants"].items() if n != "baseline"), key=lambda x: x[1], default=None)
+        row["best"] = best
+        rows.append(row)
+        if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
+            with open(PARTIAL_OUT, "w") as fh:
+                json.dump(results, fh, indent=1)
+        print(f"== {tag} B={B} T={T}: floor {row['state_rw_floor_us']:.2f} us, fla {row.get('fla_us')}, best {best}", flush=True)
+        for n, v in row["variants"].items():
+            print(f"   {n:10s} {v['us']:8.2f} us  {100 * v['frac_ceiling']:5.1f}%  diff {v.get('rel_diff_vs_baseline', '-')}", flush=True)
+
+    # KDA, Kimi K3 TP8: 12 heads x 128, safe gate, SGLang's V-major pool
+    H, K, V = 12, 128, 128
+    pool = torch.randn(SLOTS, H, V, K, device=DEV)
+    A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
+    small = torch.randn(160, H, V, K, device=DEV)
+    for T in (1, 4):
+        for B in (1, 32, 128):
+            perms = [torch.randperm(SLOTS, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
+            N = B * T
+            q, k, v = (torch.randn(N, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
+            f = torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16)
+            b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
+            o = torch.empty_like(v)
+            cidx = torch.randperm(160, device=DEV)[:B].to(torch.int32)
+
+            def call(fn, r, kw):
+                return fn(q, k, v, f, b, A, dtb, pool, perms[r], T, "kda", LB, state_layout="vk", commit=(T == 1), out=o, **kw)
+
+            def check(fn, kw):
+                p = small.clone()
+                out = fn(q, k, v, f, b, A, dtb, p, cidx, T, "kda", LB, state_layout="vk", commit=(T == 1), **kw).float()
+                return torch.cat([out.flatten(), p[cidx.long()].flatten()])
+
+            q4, k4, v4, f4 = (t.view(B, T, H, -1) for t in (q, k, v, f))
+            b4 = b.view(B, T, H)
+            perms64 = [p.long() for p in perms]
+            starts = [int(torch.randint(0, SLOTS - B + 1, (1,))) for _ in range(ROT)]
+
+            def fla_call(r):
+                if T == 1:
+                    fused_recurrent_kda_fwd(q4, k4, v4, f4, b4, A_log=A, dt_bias=dtb, initial_state=pool, scale=K ** -0.5,
+                                            inplace_final_state=True, state_v_first=True, ssm_state_indices=perms64[r],
+                                            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                            use_beta_sigmoid_in_kernel=True, lower_bound=LB)
+                else:
+                    fused_recurrent_kda_fwd(q4, k4, v4, f4, b4, A_log=A, dt_bias=dtb, initial_state=pool[starts[r]: starts[r] + B],
+                                            scale=K ** -0.5, inplace_final_state=False, output_final_state=True,
+                                            state_v_first=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                            use_beta_sigmoid_in_kernel=True, lower_bound=LB)
+
+            run_case("kda_decode" if T == 1 else f"kda_verify_t{T}", B, T, pool, perms, call,
+                     SWEEP_TILES[("decode" if T == 1 else "verify", int(B == 1))], fla_call, check)
+    del pool, small
+    torch.cuda.empty_cache()
+
+    # GDN, Qwen3.8: 16 k-heads, 48 v-heads x 128; SGLang's V-major pool (what serving runs) and fla's K-major one
+    H, HV, K, V = 16, 48, 128, 128
+    slots = 256
+    A, dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
+    for B, T, mode, layout in ((1, 1, "decode", "vk"), (32, 1, "decode", "vk"), (1, 5, "deferred_fused", "vk"),
+                               (32, 5, "verify", "vk"), (32, 5, "deferred", "vk"), (32, 5, "deferred_fused", "vk"),
+                               (32, 5, "deferred_fused", "kv")):
+        if layout == "vk":
+            pool, small = torch.randn(slots, HV, V, K, device=DEV), torch.randn(64, HV, V, K, device=DEV)
+        else:
+            pool, small = torch.randn(slots, HV, K, V, device=DEV), torch.randn(64, HV, K, V, device=DEV)
+        perms = [torch.randperm(slots, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
+        starts = [int(torch.randint(0, slots - B + 1, (1,))) for _ in range(ROT)]
+        N = B * T
+        q, k = (torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(N, HV, V, device=DEV, dtype=torch.bfloat16)
+        a, b = (torch.randn(N, HV, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        o = torch.empty_like(v)
+        rb = [torch.zeros(slots, max(T - 1, 1), HV, K + 1 + 1 + V, device=DEV) for _ in range(2)]
+        acc = torch.randint(1, T + 1, (B,), device=DEV, dtype=torch.int32)
+        cidx = torch.randperm(64, device=DEV)[:B].to(torch.int32)
+
+        def call(fn, r, kw):
+            if mode == "decode":
+                return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", commit=True, out=o, state_layout=layout, **kw)
+            if mode == "verify":
+                return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", commit=False, out=o, state_layout=layout, **kw)
+            if mode == "deferred":  # token 0's state committed, inputs of 1..T-1 kept; no replay in this launch
+                return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", replay_buffer=rb[0], out=o, state_layout=layout, **kw)
+            return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", replay_buffer=rb[r % 2], replay_prev=rb[1 - r % 2],
+                      accept_prev=acc, out=o, state_layout=layout, **kw)
+
+        def check(fn, kw):
+            p = small.clone()
+            if mode == "deferred":
+                out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=torch.zeros_like(rb[0][:64]),
+                         state_layout=layout, **kw)
+            elif mode == "deferred_fused":  # two windows: the second replays the first's accepted prefix
+                r1, r2 = torch.zeros_like(rb[0][:64]), torch.zeros_like(rb[0][:64])
+                fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r1, state_layout=layout, **kw)
+                out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r2, replay_prev=r1, accept_prev=acc,
+                         state_layout=layout, **kw)
+            else:
+                out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", commit=(mode == "decode"), state_layout=layout, **kw)
+            return torch.cat([out.float().flatten(), p[cidx.long()].flatten()])
+
+        q4, k4 = (t.view(B, T, H, K) for t in (q, k))
+        v4 = v.view(B, T, HV, V)
+        a4, b4 = (t.view(B, T, HV) for t in (a, b))
+
+        fpool = pool if layout == "kv" else pool.view(slots, HV, K, V)  # fla reads [K, V]; same bytes
+
+        def fla_call(r):
+            fused_recurrent_gated_delta_rule_fwd(q4, k4, v4, g=a4, beta=b4, A_log=A, dt_bias=dtb, scale=K ** -0.5,
+                                                 initial_state=fpool[starts[r]: starts[r] + B], output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+
+        run_case(f"gdn_{mode}" + ("" if T == 1 else f"_t{T}") + f"_{layout}", B, T, pool, perms, call,
+                 SWEEP_TILES[("decode" if T == 1 else "verify", int(B == 1))], fla_call, check)
+        del pool, small
+        torch.cuda.empty_cache()
+
+
 def main():
-    global PARTIAL_OUT, CHUNK_STATE_SHAPES
+    global PARTIAL_OUT, CHUNK_STATE_SHAPES, RECURRENT_BASELINE, SWEEP_DEFAULT_ONLY, SWEEP_CASES, HOST_BASELINE, HOST_SHAPES
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
     p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,"
-                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles,bench_chunk_state")
+                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles,bench_chunk_state,bench_recurrent_sweep,deferred_exact")
     p.add_argument("--tag", default="", help="label stored in the JSON (e.g. 'baseline' for an older checkout's package)")
     p.add_argument("--chunk-state-variants", default=None, help="comma list of CHUNK_STATE_VARIANTS names (default: all)")
     p.add_argument("--chunk-state-shapes", default=None, help="comma list of BxT (default: CHUNK_STATE_SHAPES)")
     p.add_argument("--chunk-state-baseline", default=None, help="path holding an older checkout's sgl_hybrid_kernel, "
                    "timed in the same process as variant 'baseline'")
+    p.add_argument("--recurrent-baseline", default=None, help="path holding an older checkout's sgl_hybrid_kernel: its "
+                   "decode / verify wrapper is timed in bench_recurrent_sweep as variant 'baseline'")
+    p.add_argument("--sweep-tiles", default="all", choices=("all", "default"), help="bench_recurrent_sweep: every "
+                   "(value tile, warps) of SWEEP_TILES, or the defaults only")
+    p.add_argument("--sweep-cases", default=None, help="bench_recurrent_sweep: comma list of substrings of the case "
+                   "names to run (e.g. 'verify,deferred'; default: all)")
+    p.add_argument("--prefill-baseline", default=None, help="bench_prefill_host: path holding an older checkout's "
+                   "sgl_hybrid_kernel, timed in the same process as 'before'")
+    p.add_argument("--host-shapes", default=None, help="bench_prefill_host: comma list of BxT (default: HOST_SHAPES)")
     p.add_argument("--prefill-variants", default=None, help="comma list of PREFILL_VARIANTS names to time (default: all)")
     args = p.parse_args()
+    RECURRENT_BASELINE = args.recurrent_baseline
+    SWEEP_DEFAULT_ONLY = args.sweep_tiles == "default"
+    SWEEP_CASES = args.sweep_cases.split(",") if args.sweep_cases else None
+    PARTIAL_OUT = args.out
     if args.prefill_variants:
         keep = args.prefill_variants.split(",")
         PREFILL_VARIANTS[:] = [x for x in PREFILL_VARIANTS if x[0] in keep]
@@ -770,10 +1243,14 @@ def main():
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     if only is None or "correctness" in only:
         check_correctness(results)
+    if only is not None and "deferred_exact" in only:  # the serving-shape bit-exact checks alone (B=8, and GDN B=1)
+        results["deferred_exact"] = {f"{g}_{lay}_t{t}_b{b}": _deferred_exact(g, h, hv, t, lay, B=b) for g, h, hv, t, lay, b in (
+            ("gdn", 16, 48, 5, "vk", 8), ("gdn", 16, 48, 5, "kv", 8), ("kda", 12, 12, 4, "vk", 8), ("gdn", 16, 48, 5, "vk", 1))}
+        print("deferred_exact", results["deferred_exact"], flush=True)
     ceiling = copy_ceiling_tbs()
     results["copy_ceiling_tb_s"] = ceiling
     print("copy ceiling TB/s", ceiling)
-    for fn in (bench_decode_verify, bench_fused_decode, bench_gdn, bench_decode_b1_value_tiles):
+    for fn in (bench_decode_verify, bench_fused_decode, bench_gdn, bench_decode_b1_value_tiles, bench_recurrent_sweep):
         if only is not None and fn.__name__ not in only:
             continue
         try:
@@ -785,6 +1262,14 @@ def main():
             bench_prefill(results)
     except Exception as exc:
         print("bench_prefill FAILED", type(exc).__name__, str(exc)[:500])
+    try:
+        if only is not None and "bench_prefill_host" in only:  # issue 4 host overhead (not in the default run)
+            HOST_BASELINE = args.prefill_baseline
+            if args.host_shapes:
+                HOST_SHAPES = tuple(tuple(int(x) for x in bt.split("x")) for bt in args.host_shapes.split(","))
+            bench_prefill_host(results)
+    except Exception as exc:
+        print("bench_prefill_host FAILED", type(exc).__name__, str(exc)[:500])
     try:
         if only is None or "bench_chunk_state" in only:
             keep = args.chunk_state_variants.split(",") if args.chunk_state_variants else None

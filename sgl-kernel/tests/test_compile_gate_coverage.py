@@ -23,6 +23,11 @@ from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, chunk_laun
 NOT_LAUNCHED = {
     "gated_delta_chunk_kernel": ({"gfx942", "gfx950"}, "sequential chunked prefill: ROCm always runs the chunk-64 form "
                                                        "(chunk.gated_delta_chunk_triton raises on method='sequential')"),
+    # chunk-64 in-chunk step: the sm_90 table splits it (intra_split / intra_inv), the CDNA tables keep the fused kernel
+    "chunk_intra_kernel": ({"sm90"}, "the sm90x132 launch entry (also the base of untuned CUDA parts) runs the split step"),
+    "chunk_intra_a_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
+    "chunk_intra_inv_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
+    "chunk_intra_solve_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
 }
 
 

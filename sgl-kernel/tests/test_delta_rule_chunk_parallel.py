@@ -87,15 +87,18 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
         gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), method="fast")
 
 
-@pytest.mark.parametrize("early,stages,x3", [(True, 1, False), (False, 2, True)])
+@pytest.mark.parametrize("early,stages,x3,intra", [(True, 1, False, "split_inv"), (False, 2, True, "split"),
+                                                   (False, 1, True, "fused")])
 @pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
-def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3):
+def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3, intra):
     """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
     cumsum programs, four w / kg / u blocks) and 8- / 16-column state tiles, as the CDNA / sm_90
     launch tables split the 128-wide heads (issue 9), with the state pass's loads issued before
     or after its stores and its chunk loop pipelined or not, and A's products as FP32 or as 3xTF32
     with TF32 allowed (the sm_90 table; exact in the interpreter, the H200 bound is in
-    bench_delta_rule.py): same results as fla's naive recurrences, checkpoints included."""
+    bench_delta_rule.py), and the in-chunk step fused or split into per-16-row-block ``A``
+    programs + a solve launch (with or without a separate 16x16-block inverse launch): same results
+    as fla's naive recurrences, checkpoints included."""
     from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -112,7 +115,8 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     ck = torch.full((2, HV, K, V), NAN)
     launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
                          state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages,
-                         intra_precision="tf32x3" if x3 else "ieee")
+                         intra_precision="tf32x3" if x3 else "ieee", intra_split=intra != "fused",
+                         intra_inv=intra == "split_inv", intra_a_kd=16)
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
@@ -134,6 +138,35 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
         _, _, saved = gated_delta_recurrent(qn, kn, v[sl], g, torch.sigmoid(b[sl]), initial_state=s0,
                                             acc_dtype=torch.float64, save_positions=[pos])
         torch.testing.assert_close(ck[i].double(), saved[0], rtol=2e-5, atol=2e-5)
+
+
+def test_state_pass_with_bf16_rounded_state_products_stays_within_the_bf16_bound():
+    """``state_lowp`` (the sm_90 table, issue 4): with BF16 scratch the state pass multiplies the state
+    and ``v_new`` rounded to BF16 (as fla's state pass; on the GPU one BF16 tensor-core product, here
+    the interpreter's FP32 product of the same rounded operands). 100 tokens, bounded KDA gate:
+    output and final state within 1.5e-2 relative of the FP64 recurrence (measured 5.0e-3 / 8.0e-3;
+    5.0e-3 / 5.0e-3 without the rounding), and the flag changes the state (the rounding is applied)."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+
+    gen = torch.Generator().manual_seed(5)
+    T, H, K, V = 100, 1, 16, 16
+    q, k, v = (torch.randn(T, H, d, generator=gen) for d in (K, K, V))
+    f, b = torch.randn(T, H, K, generator=gen), torch.randn(T, H, generator=gen)
+    A, dtb = torch.rand(H, generator=gen), torch.randn(H * K, generator=gen)
+    ro, rS, _ = gated_delta_recurrent(l2_norm(q), l2_norm(k), v, kda_gate(f, A, dtb, -5.0), torch.sigmoid(b),
+                                      acc_dtype=torch.float64)
+    rel = lambda a, r: float((a.double() - r).norm() / r.norm())  # noqa: E731
+    finals = []
+    for lowp in (True, False):
+        pool = torch.zeros(1, H, K, V)
+        launch = ChunkLaunch("t", intra_kd=16, state_kd=16, state_bv=16, value_tile=16, state_lowp=lowp)
+        o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]),
+                                       torch.tensor([0], dtype=torch.int32), GATE_KDA_SAFE, -5.0, K ** -0.5, True, "kv", [],
+                                       None, [T], scratch_dtype=torch.bfloat16, launch=launch)
+        assert rel(o, ro) < 1.5e-2 and rel(pool[0], rS) < 1.5e-2
+        finals.append(pool[0].clone())
+    assert not torch.equal(finals[0], finals[1])
 
 
 def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):
@@ -187,3 +220,40 @@ def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
     assert gated_delta_chunk_triton(*args, tf32=False, method="parallel") == "ran" and calls[1]["tf32"] is False
     monkeypatch.undo()
     disp.choose_chunk(q.float(), v.float(), s)  # leave the process-wide record as the CPU has it
+
+
+def test_host_lengths_and_cached_index_tables_give_the_same_prefill():
+    """Issue 4 (host overhead): ``seq_lens_cpu`` spares the wrapper its read of ``cu_seqlens``, and
+    the chunk / group index tables are built once per offsets (``chunk_parallel.seq_plan``) and
+    reused; the results are the same either way (an empty sequence between two others)."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import seq_plan
+
+    gen = torch.Generator().manual_seed(5)
+    H, HV, K, V = 1, 1, 16, 16
+    lens = [70, 0, 5]
+    q, k, v, f, b, A, dtb = _batch(gen, 1, sum(lens), H, HV, K, V, "kda")
+    cu = torch.tensor([0, 70, 70, 75])
+    pool0, idx = torch.randn(3, HV, K, V, generator=gen), torch.tensor([2, 0, 1])
+    outs = []
+    for kw in (dict(), dict(seq_lens_cpu=lens), dict(seq_lens_cpu=lens, group_scan=True, group_chunks=1)):
+        pool = pool0.clone()
+        o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=-5.0,
+                                     method="parallel", **kw)
+        outs.append((o, pool))
+    assert outs[1][0].equal(outs[0][0]) and outs[1][1].equal(outs[0][1])  # the same launches: bit-identical
+    torch.testing.assert_close(outs[2][0], outs[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[2][1], outs[0][1], rtol=1e-5, atol=1e-5)
+    # the empty sequence keeps its slot's state (slot 0); the 70-token one moved its slot's (slot 2)
+    assert outs[2][1][0].equal(pool0[0]) and (outs[2][1][2] - pool0[2]).abs().max() > 1e-2
+    plan = seq_plan([0, 70, 70, 75], torch.device("cpu"))
+    assert plan is seq_plan((0, 70, 70, 75), torch.device("cpu"))  # cached: no table built or copied again
+    assert plan.NC == 3 and plan.cidx.tolist() == [[0, 0], [0, 1], [2, 0]] and plan.coff.tolist() == [0, 2, 2]
+    assert plan.extra[("group_scan", 1)].gcu == [0, 64, 70, 70, 75]  # group token bounds, cached on the plan
+    with pytest.raises(ValueError, match="seq_lens_cpu"):
+        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool0.clone(), idx, gate="kda", method="parallel",
+                                 seq_lens_cpu=[70, 5])
+    with pytest.raises(ValueError, match="seq_lens_cpu"):
+        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool0.clone(), idx, gate="kda", method="parallel",
+                                 seq_lens_cpu=[70, 0, 500])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        seq_plan([0, 70, 60], torch.device("cpu"))

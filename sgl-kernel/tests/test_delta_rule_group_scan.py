@@ -118,13 +118,17 @@ def test_torch_twin_of_the_mode_matches_the_kernels_and_fp64():
 def test_plan_groups_auto_rule_and_dispatch_log(monkeypatch):
     groups, goff = chunk_group_scan.plan_groups([200, 5, 0, 130], 2)
     assert groups == [(0, 0, 2), (0, 2, 2), (1, 0, 1), (2, 0, 0), (3, 0, 2), (3, 2, 1)] and goff == [0, 2, 3, 4, 6]
-    # Kimi K3 TP8 (12 heads x 128, 16-column state tiles = 96 programs) on 132 SMs:
-    # B=1 T=4096 (64 chunks) -> 3 groups of 22 chunks; B=2 fills the SMs; T=512 is too short.
-    assert chunk_group_scan.auto_group_chunks([4096], 12, 128, 16, 132) == 22
-    assert chunk_group_scan.auto_group_chunks([4096, 4096], 12, 128, 16, 132) is None
-    assert chunk_group_scan.auto_group_chunks([512], 12, 128, 16, 132) is None
-    assert chunk_group_scan.auto_group_chunks([65536], 2, 128, 16, 132) == 61  # 17 groups of 61 chunks
-    q, v = torch.empty(1, 12, 128), torch.empty(1, 12, 128)
+    # 16-column state tiles on 132 SMs, one replay wave: Kimi K3 TP8 (12 heads x 128 = 96 programs)
+    # leaves room for one copy only -> plain; 4 heads (32 programs), B=1 T=4096 (64 chunks) -> 4 groups
+    # of 16 chunks; B=8 fills the SMs; T=512 is too short; 2 heads at 64K -> 8 groups of 128 chunks.
+    assert chunk_group_scan.auto_group_chunks([4096], 12, 128, 16, 132) is None
+    assert chunk_group_scan.auto_group_chunks([4096], 4, 128, 16, 132) == 16
+    assert chunk_group_scan.auto_group_chunks([4096] * 8, 4, 128, 16, 132) is None
+    assert chunk_group_scan.auto_group_chunks([512], 4, 128, 16, 132) is None
+    assert chunk_group_scan.auto_group_chunks([65536], 2, 128, 16, 132) == 128
+    # forced without a size where auto finds no split: 2 groups per longest sequence
+    assert chunk_group_scan.forced_group_chunks([4096, 100]) == 32 and chunk_group_scan.forced_group_chunks([64]) == 4
+    q, v = torch.empty(1, 4, 128), torch.empty(1, 4, 128)
     assert dr_dispatch.choose_group_scan(q, v, [4096]) is None  # CPU: never auto
     assert {c.op: c.impl for c in dispatch.chosen_paths()}[dr_dispatch.GROUP_SCAN_OP] == "plain"
     monkeypatch.setattr(dr_dispatch, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 132, "H200"))
@@ -133,11 +137,14 @@ def test_plan_groups_auto_rule_and_dispatch_log(monkeypatch):
     choice = {c.op: c for c in dispatch.chosen_paths()}[dr_dispatch.GROUP_SCAN_OP]
     assert choice.impl == "plain" and "timed slower" in choice.reason
     monkeypatch.setitem(chunk_group_scan.GROUP_SCAN_TIMED, "sm90x132", (True, "timed faster here"))
-    assert dr_dispatch.choose_group_scan(q, v, [4096]) == 22
+    assert dr_dispatch.choose_group_scan(q, v, [4096]) == 16
     choice = {c.op: c for c in dispatch.chosen_paths()}[dr_dispatch.GROUP_SCAN_OP]
     assert choice.impl == "group_scan" and "132 compute units" in choice.reason
     assert dr_dispatch.choose_group_scan(q, v, [4096] * 8) is None
     assert dr_dispatch.choose_group_scan(q, v, [4096] * 8, group_chunks=3, forced=True) == 3
+    q12 = torch.empty(1, 12, 128)  # Kimi K3 TP8 at B=1: auto stays plain, forced takes 2 groups of 32 chunks
+    assert dr_dispatch.choose_group_scan(q12, q12, [4096]) is None
+    assert dr_dispatch.choose_group_scan(q12, q12, [4096], forced=True) == 32
 
 
 def test_group_scan_arguments_are_checked():

@@ -61,7 +61,9 @@ def test_kda_decode_matches_fla_naive_with_nan_padding(layout, lower_bound):
     torch.testing.assert_close(after[untouched], kv_pool[untouched], equal_nan=True)
 
 
-def test_gdn_verify_gva_matches_fla_naive_and_saves_every_position():
+@pytest.mark.parametrize("preload", [True, False])
+def test_gdn_verify_gva_matches_fla_naive_and_saves_every_position(preload):
+    """Both input paths of the kernel: every token's inputs preloaded as tiles, or per token."""
     gen = torch.Generator().manual_seed(2)
     B, T, H, HV, K, V = 2, 5, 2, 6, 16, 8
     q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, "gdn")
@@ -70,7 +72,7 @@ def test_gdn_verify_gva_matches_fla_naive_and_saves_every_position():
     idx = torch.tensor([3, 1])
     inter = torch.full((B * T, HV, K, V), NAN)
     o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "gdn", commit=False, inter_state=inter,
-                                     inter_indices=torch.arange(B * T), value_tile=4)
+                                     inter_indices=torch.arange(B * T), value_tile=4, preload=preload)
     torch.testing.assert_close(pool, before)  # verify does not commit
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -86,10 +88,97 @@ def test_gdn_verify_gva_matches_fla_naive_and_saves_every_position():
             torch.testing.assert_close(inter[i * T + t], saved[t], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gate", ["gdn", "kda"])
-def test_deferred_commit_is_bit_exact_against_snapshots(gate):
+def test_kda_verify_per_token_inputs_match_fla_naive():
+    """The per-token input path (``preload=False``, the default from 16 columns at T > 1) against
+    fla's naive KDA recurrence, with a padding row and the V-major pool; it commits the final state."""
+    gen = torch.Generator().manual_seed(12)
+    B, T, H, K, V = 3, 3, 2, 16, 16
+    q, k, v, f, b, A, dtb = _batch(gen, B, T, H, H, K, V, "kda")
+    kv_pool = torch.randn(5, H, K, V, generator=gen)
+    pool = kv_pool.transpose(-1, -2).contiguous()
+    idx = torch.tensor([4, -1, 0])
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", commit=True, value_tile=16)
+    assert (o[T:2 * T] == 0).all() and not o.isnan().any()
+    for i, s in enumerate(idx.tolist()):
+        if s < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        g = naive_kda_lowerbound_gate(f[sl], A, dtb, lower_bound=-5.0)
+        ro, rS = naive_recurrent_kda(l2_norm(q[sl])[None], l2_norm(k[sl])[None], v[sl][None], g[None], torch.sigmoid(b[sl])[None],
+                                     initial_state=kv_pool[s][None], output_final_state=True)
+        torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pool[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gate,commit", [("kda", True), ("gdn", False)])
+def test_wide_verify_kernel_matches_fla_naive(gate, commit):
+    """The plain-verify kernel for B >= 32 (``wide=True``: HEAD 7a64a90's per-token loop, wide
+    multi-warp tiles) against fla's naive recurrences, GVA for GDN, a padding row, commit or not."""
+    gen = torch.Generator().manual_seed(13)
+    B, T, H, K, V = 3, 4, 2, 16, 32
+    HV = 4 if gate == "gdn" else H
+    q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, gate)
+    pool = torch.randn(5, HV, K, V, generator=gen)
+    before = pool.clone()
+    idx = torch.tensor([2, -1, 4])
+    lb = -5.0 if gate == "kda" else None
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16)
+    assert (o[T:2 * T] == 0).all() and not o.isnan().any()
+    G = HV // H
+    for i, s in enumerate(idx.tolist()):
+        if s < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        qq, kk = l2_norm(q[sl]).repeat_interleave(G, 1), l2_norm(k[sl]).repeat_interleave(G, 1)
+        if gate == "kda":
+            ro, rS = naive_recurrent_kda(qq[None], kk[None], v[sl][None], naive_kda_lowerbound_gate(f[sl], A, dtb, lower_bound=lb)[None],
+                                         torch.sigmoid(b[sl])[None], initial_state=before[s][None], output_final_state=True)
+        else:
+            ro, rS = naive_recurrent_gated_delta_rule(qq[None], kk[None], v[sl][None], torch.sigmoid(b[sl])[None],
+                                                      gdn_gate(f[sl], A, dtb)[None], initial_state=before[s][None],
+                                                      output_final_state=True)
+        torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pool[s], rS[0] if commit else before[s], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="wide"):
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, wide=True,
+                                     replay_buffer=torch.zeros(5, T - 1, HV, K + (K if gate == "kda" else 1) + 1 + V))
+
+
+def test_plain_verify_from_batch_32_takes_the_wide_kernel_other_modes_do_not(monkeypatch):
+    """Default routing (H200 sweep, docs/kernels.md 2026-11-30): plain verify windows at B >= 32 run
+    the wide kernel (64 columns, 4 warps); snapshots and deferred modes keep the one-warp kernel
+    (one binary for every mode that deferred replay must match bit for bit); B=1 never goes wide."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+
+    calls = []
+
+    class Spy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((self.name, kw["BV"], kw["num_warps"]))
+
+    monkeypatch.setattr(rec, "gated_delta_recurrent_kernel", Spy("narrow"))
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy("wide"))
+    gen = torch.Generator().manual_seed(14)
+    T, H, K, V = 4, 12, 128, 128
+    for B in (1, 32):
+        q, k, v, f, b, A, dtb = _batch(gen, B, T, H, H, K, V, "kda")
+        pool, idx = torch.zeros(B, H, V, K), torch.arange(B)
+        run = lambda **kw: gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", **kw)  # noqa: E731
+        run(commit=False)
+        run(commit=True)
+        run(commit=False, inter_state=torch.zeros(B * T, H, V, K), inter_indices=torch.arange(B * T))
+        run(replay_buffer=torch.zeros(B, T - 1, H, K + K + 1 + V))
+        run(commit=False, value_tile=8)  # an explicit tile keeps the one-warp kernel
+    assert calls == [("narrow", 4, 1)] * 4 + [("narrow", 8, 1)] + [("wide", 64, 4)] * 2 + [("narrow", 4, 1)] * 2 + [("narrow", 8, 1)]
+
+
+@pytest.mark.parametrize("gate,preload", [("gdn", True), ("kda", True), ("gdn", False), ("kda", False)])
+def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
     """Seeds digest item 12: the scalar replay equals writing every snapshot, bit for bit,
-    both as a separate commit and fused into the next window."""
+    both as a separate commit and fused into the next window (both input paths)."""
     gen = torch.Generator().manual_seed(3)
     B, T, H, HV, K, V = 3, 4, 2, 4, 16, 8
     w1 = _batch(gen, B, T, H, HV, K, V, gate)
@@ -101,21 +190,96 @@ def test_deferred_commit_is_bit_exact_against_snapshots(gate):
     gk = 1 if gate == "gdn" else K
     # snapshots: window 1, keep the accepted state, window 2
     p_snap, inter = pool.clone(), torch.zeros(N, HV, K, V)
-    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N))
+    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N),
+                                      preload=preload)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc1.tolist())):
         p_snap[s] = inter[i * T + a - 1]
-    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N))
+    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N),
+                                      preload=preload)
     # deferred: separate commit after window 1, fused replay into window 2, commit after window 2
     p_def = pool.clone()
     rb1, rb2 = torch.zeros(6, T - 1, HV, K + gk + 1 + V), torch.zeros(6, T - 1, HV, K + gk + 1 + V)
-    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1)
-    d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1)
-    replay_commit(p_def, idx, acc2, rb2, K, gate)
+    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, preload=preload)
+    d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
+                                      preload=preload)
+    replay_commit(p_def, idx, acc2, rb2, K, gate, preload=preload)
     assert torch.equal(o1, d1) and torch.equal(o2, d2)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
         assert torch.equal(p_def[s], inter[i * T + a - 1])
     with pytest.raises(ValueError, match="ping-pong"):
         gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb1, replay_prev=rb1, accept_prev=acc1)
+
+
+@pytest.mark.parametrize("gate,T,value_tile", [("gdn", 5, 8), ("kda", 3, 4), ("gdn", 2, 16), ("kda", 5, 16)])
+def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
+    """Windows whose T (and T - 1 replay records) are not powers of two are padded to the next
+    one inside the kernel (issue 4): the padding columns must never reach a state or output.
+    Fused replay of every accepted length 1..T equals restarting from that token's snapshot."""
+    gen = torch.Generator().manual_seed(8)
+    B, H, HV, K, V = T, 1, 2, 16, 16
+    w1, w2 = _batch(gen, B, T, H, HV, K, V, gate), _batch(gen, B, T, H, HV, K, V, gate)[:5]
+    A, dtb = w1[5], w1[6]
+    pool = torch.randn(B + 2, HV, K, V, generator=gen)
+    idx, acc = torch.arange(B) + 1, torch.arange(1, T + 1)  # request i accepts i + 1 tokens
+    N, gk = B * T, 1 if gate == "gdn" else K
+    inter = torch.full((N, HV, K, V), NAN)
+    gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx, T, gate, commit=False, inter_state=inter,
+                                 inter_indices=torch.arange(N), value_tile=value_tile)
+    p_ref = pool.clone()
+    for i, a in enumerate(acc.tolist()):
+        p_ref[idx[i]] = inter[i * T + a - 1]
+    o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, commit=True, value_tile=value_tile)
+    p_def = pool.clone()
+    rb1, rb2 = (torch.full((B + 2, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
+    gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, value_tile=value_tile)
+    o_f = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc,
+                                       value_tile=value_tile)
+    assert not o_f.isnan().any() and torch.equal(o_f, o_ref)
+
+
+def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
+    """Bit-exact deferred commit on a GPU rests on verify, snapshots, deferred and fused replay
+    running the same compiled kernel (same register layouts, so the same reduction order): the
+    modes differ only in the runtime ``flags``, never in a constexpr or a pointer's dtype."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, [getattr(a, "dtype", type(a)) for a in args[:-1]], kw, args[-1]))
+
+    monkeypatch.setattr(rec, "gated_delta_recurrent_kernel", Spy())
+    gen = torch.Generator().manual_seed(9)
+    B, T, H, HV, K, V = 2, 4, 1, 2, 16, 16
+    q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, "kda")
+    pool, idx = torch.zeros(4, HV, V, K), torch.tensor([0, 3])
+    rb1, rb2 = (torch.zeros(4, T - 1, HV, K + K + 1 + V) for _ in range(2))
+    run = lambda **kw: gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", **kw)  # noqa: E731
+    run(commit=False)
+    run(commit=True)
+    run(commit=False, inter_state=torch.zeros(B * T, HV, V, K), inter_indices=torch.arange(B * T))  # int64 like idx
+    run(replay_buffer=rb1)
+    run(replay_buffer=rb2, replay_prev=rb1, accept_prev=torch.tensor([1, 3], dtype=torch.int32))
+    assert [flags for *_, flags in launches] == [0, 1, 2, 4, 12]
+    grids, dtypes, constexprs = {g for g, *_ in launches}, {tuple(d) for _, d, _, _ in launches}, [kw for _, _, kw, _ in launches]
+    assert len(grids) == 1 and len(dtypes) == 1 and all(kw == constexprs[0] for kw in constexprs)
+    assert constexprs[0]["num_warps"] == 1 and constexprs[0]["BV"] == 4  # the H200 verify tile (pick_value_tile)
+
+
+def test_default_tiles_and_warps_follow_the_h200_sweep():
+    """Issue 4 sweep (docs/kernels.md): one warp per program; decode 16 columns (4 at B=1, to fill
+    the GPU), verify 4 columns with per-channel decay, 8 with per-head decay or a K-major pool."""
+    from sgl_hybrid_kernel.delta_rule.recurrent import pick_value_tile, recurrent_num_warps, recurrent_preload
+
+    assert [pick_value_tile(b, 12, 128) for b in (1, 32, 128)] == [4, 16, 16]
+    assert [pick_value_tile(b, 12, 128, 4, per_channel_decay=True) for b in (1, 32)] == [4, 4]
+    assert [pick_value_tile(32, 48, 128, 5), pick_value_tile(32, 48, 128, 5, "kv", per_channel_decay=True)] == [8, 8]
+    assert [pick_value_tile(1, 48, 128, 5), pick_value_tile(1, 48, 128, 5, "kv")] == [4, 8]  # GDN B=1: 4 columns, per token
+    assert [recurrent_preload(4, 5, False), recurrent_preload(4, 4, True), recurrent_preload(8, 5, False), recurrent_preload(16, 4)] == [
+        False, True, True, False]
+    assert [pick_value_tile(1, 12, 128, state_layout="kv"), pick_value_tile(32, 48, 128, state_layout="kv")] == [32, 64]
+    assert [recurrent_num_warps(bv) for bv in (4, 8, 16, 32, 64)] == [1, 1, 1, 2, 4]
 
 
 def test_fused_kda_decode_equals_the_unfused_chain():

@@ -138,24 +138,39 @@ def kernel_configs() -> List[KernelConfig]:
         GATE_KDA,
         GATE_KDA_SAFE,
         gated_delta_recurrent_kernel,
-        gated_delta_replay_commit_kernel,
+        gated_delta_verify_wide_kernel,
     )
     from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 
     kda = dict(H=12, HV=12, K=128, V=128, BK=128)
     gdn = dict(H=16, HV=48, K=128, V=128, BK=128)
-    rec = dict(L2NORM=True, SAVE_INTER=False, COMMIT=True, DEFERRED=False)
     out = []
-    for bv in (32, 8, 4):
-        out.append(KernelConfig(f"kda_decode_bv{bv}", gated_delta_recurrent_kernel,
-                                dict(T=1, BV=bv, GATE=GATE_KDA_SAFE, **kda, **rec), num_warps=4 if bv >= 16 else 2))
-    out.append(KernelConfig("kda_verify_t4_bv4", gated_delta_recurrent_kernel,
-                            dict(T=4, BV=4, GATE=GATE_KDA_SAFE, **kda, **{**rec, "COMMIT": False, "SAVE_INTER": True}), num_warps=2))
-    out.append(KernelConfig("gdn_decode_bv32", gated_delta_recurrent_kernel, dict(T=1, BV=32, GATE=GATE_GDN, **gdn, **rec)))
-    out.append(KernelConfig("gdn_verify_t5_deferred_bv4", gated_delta_recurrent_kernel,
-                            dict(T=5, BV=4, GATE=GATE_GDN, **gdn, **{**rec, "COMMIT": False, "DEFERRED": True}), num_warps=2))
-    out.append(KernelConfig("gdn_replay_commit_t5_bv4", gated_delta_replay_commit_kernel,
-                            dict(T=5, HV=48, K=128, V=128, BK=128, BV=4, PER_CHANNEL=False), num_warps=2))
+    # decode / verify (issue 4): one warp, the tiles recurrent.pick_value_tile picks; one binary serves
+    # every mode (commit / snapshots / deferred / fused replay are runtime flags). As Triton's JIT does at
+    # launch, the unit stride of the pool (and snapshot pool) is a constant 1 and the others multiples of 16.
+    ptrs = ("q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_ptr", "replay_prev_ptr")
+    vk = dict(constexprs=dict(s_k=1, is_k=1), divisible=ptrs + ("s_slot", "s_h", "s_v", "is_slot", "is_h", "is_v"))
+    kv = dict(constexprs=dict(s_v=1, is_v=1), divisible=ptrs + ("s_slot", "s_h", "s_k", "is_slot", "is_h", "is_k"))
+
+    def rec(name, T, bv, gate, shape, lay, preload=True):
+        return KernelConfig(name, gated_delta_recurrent_kernel,
+                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
+                            num_warps=max(1, bv // 16), divisible=lay["divisible"])
+
+    def wide(name, T, gate, shape, lay):  # plain verify at B >= 32 (recurrent.use_wide_verify): 64 columns, 4 warps
+        strip = ("inter_ptr", "replay_ptr", "replay_prev_ptr", "is_slot", "is_h", "is_k", "is_v")
+        return KernelConfig(name, gated_delta_verify_wide_kernel,
+                            dict(T=T, BV=64, GATE=gate, L2NORM=True, COMMIT=False, **shape,
+                                 **{k: v for k, v in lay["constexprs"].items() if k not in strip}),
+                            num_warps=4, divisible=tuple(a for a in lay["divisible"] if a not in strip))
+
+    out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
+            rec("kda_verify_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk), rec("gdn_decode_bv16", 1, 16, GATE_GDN, gdn, vk),
+            rec("gdn_decode_bv64_kv", 1, 64, GATE_GDN, gdn, kv), rec("gdn_decode_bv32_kv", 1, 32, GATE_GDN, gdn, kv),
+            rec("gdn_verify_t5_bv8", 5, 8, GATE_GDN, gdn, vk), rec("gdn_verify_t5_bv8_kv", 5, 8, GATE_GDN, gdn, kv),
+            rec("gdn_verify_t5_bv4_tok", 5, 4, GATE_GDN, gdn, vk, preload=False),
+            wide("kda_verify_wide_t4_bv64", 4, GATE_KDA_SAFE, kda, vk), wide("gdn_verify_wide_t5_bv64", 5, GATE_GDN, gdn, vk),
+            wide("gdn_verify_wide_t5_bv64_kv", 5, GATE_GDN, gdn, kv)]
     for bv in (32, 8):
         out.append(KernelConfig(f"kda_fused_decode_bv{bv}", kda_fused_decode_kernel,
                                 dict(H=12, K=128, V=128, W=4, BK=128, BV=bv, NV=128 // bv, NVP=128 // bv, SAFE_GATE=True),
@@ -212,17 +227,19 @@ def chunk_parallel_configs() -> List[KernelConfig]:
 
 def _add_launch_rows(out: List[KernelConfig], seen: set, target: str, params: Dict, ptr_types: Dict[str, str],
                      name_of: Callable[[str], str]) -> None:
-    """Append one config per launched part ``{part: (kernel, constexprs, num_warps, _)}`` not yet in
-    ``seen`` (same target, part, constexprs, warps), typed with the kernel's int32 scalars and those
-    of ``ptr_types`` it takes."""
-    for part, (kern, cx, nw, _) in params.items():
-        key = (target, part, tuple(sorted(cx.items())), nw)
+    """Append one config per launched part ``{part: (kernel, constexprs, num_warps, _[, num_stages])}``
+    not yet in ``seen`` (same target, part, constexprs, warps, stages), typed with the kernel's int32
+    scalars and those of ``ptr_types`` it takes."""
+    for part, spec in params.items():
+        kern, cx, nw = spec[:3]
+        stages = spec[4] if len(spec) > 4 else 1
+        key = (target, part, tuple(sorted(cx.items())), nw, stages)
         if key in seen:
             continue
         seen.add(key)
         ps = inspect.signature(kern.fn).parameters
         sig = {k: v for k, v in ptr_types.items() if k in ps}
-        out.append(KernelConfig(name_of(part), kern, cx, num_warps=nw, targets=(target,),
+        out.append(KernelConfig(name_of(part), kern, cx, num_warps=nw, targets=(target,), num_stages=stages,
                                 signature={**_int32_scalars(kern, cx), **sig}))
 
 

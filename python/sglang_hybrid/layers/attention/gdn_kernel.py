@@ -150,7 +150,8 @@ class SglHybridGDNKernel(TritonGDNKernel):
             o = gated_delta_chunk_triton(q2, k2, v2, f, braw, zeros, zeros, cu, ssm_states, cache_indices.to(torch.int32),
                                          torch.tensor(has_init, dtype=torch.int32, device=q.device), "gdn",
                                          state_layout="vk", checkpoints=ckpts,
-                                         checkpoint_pool=track_state if ckpts else None)
+                                         checkpoint_pool=track_state if ckpts else None,
+                                         seq_lens_cpu=lens)  # host lengths: no second read of cu (issue 4)
         else:
             o = torch.empty_like(v2)
             G = HV // H

@@ -128,7 +128,8 @@ class SglHybridKDAKernel(TritonKDAKernel):
                                          cache_indices.to(torch.int32),
                                          torch.tensor(has_init, dtype=torch.int32, device=q.device), "kda", lower_bound,
                                          state_layout="vk",
-                                         checkpoints=ckpts, checkpoint_pool=track_state if ckpts else None)
+                                         checkpoints=ckpts, checkpoint_pool=track_state if ckpts else None,
+                                         seq_lens_cpu=lens)  # host lengths: no second read of cu (issue 4)
         else:
             o = torch.empty_like(v2)
             gate = kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import triton
 
-from sgl_hybrid_kernel.delta_rule.chunk_parallel import gated_delta_chunk_parallel
+from sgl_hybrid_kernel.delta_rule.chunk_parallel import gated_delta_chunk_parallel, int32_to_device, seq_plan
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_group_scan, device_kind
 from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
@@ -43,6 +44,7 @@ def gated_delta_chunk_triton(
     scratch_dtype: Optional[torch.dtype] = None,
     group_scan: Union[bool, str, None] = None,
     group_chunks: Optional[int] = None,
+    seq_lens_cpu: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
     """Chunked prefill/extend of packed sequences.
 
@@ -72,18 +74,26 @@ def gated_delta_chunk_triton(
             intermediates (default: the activations' dtype when 16-bit, else FP32).
         group_scan: state pass of the parallel method in group-scan mode (``chunk_group_scan.py``):
             ``None`` / ``False`` (default): plain; ``True``: on, groups of ``group_chunks`` chunks
-            of 64 tokens (default: ``chunk_group_scan.auto_group_chunks`` on a GPU, else 4), and
+            of 64 tokens (default: ``chunk_group_scan.auto_group_chunks`` on a GPU, else two groups per
+            longest sequence, ``forced_group_chunks``), and
             ``method`` ``"auto"`` becomes ``"parallel"``; ``"auto"``: on when
             ``dispatch.choose_group_scan`` finds few sequences x heads and long sequences (logged
             once as op ``delta_rule_prefill_group_scan``). Outputs, checkpoints and final states
             equal the plain pass up to rounding.
+        seq_lens_cpu: tokens per sequence on the host (e.g. SGLang's ``extend_seq_lens_cpu``), equal
+            to ``cu_seqlens[1:] - cu_seqlens[:-1]`` with ``cu_seqlens[0] == 0`` (not checked on the
+            device): the call then makes no host sync. Without it the wrapper reads ``cu_seqlens``
+            once per call (``.tolist()``, a sync). Either way the chunk / group index tables are
+            built once per distinct offsets and device and cached (``chunk_parallel.seq_plan``), so
+            repeated calls (every layer of one forward) copy nothing to the device.
 
     Returns:
         ``o`` ``[N, HV, V]``.
 
     Raises:
         ValueError: bad ``gate``/layout/``method``/``group_scan``/``group_chunks``, a checkpoint not on
-            the chunk grid, or ``group_scan`` with ``method="sequential"``.
+            the chunk grid, ``group_scan`` with ``method="sequential"``, or ``seq_lens_cpu`` of another
+            length than ``cu_seqlens`` has sequences or summing past ``q``'s tokens.
     """
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -108,20 +118,26 @@ def gated_delta_chunk_triton(
         s0, s1, s2, s3 = t.stride()
         return (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
 
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    if seq_lens_cpu is not None:
+        if len(seq_lens_cpu) != S:
+            raise ValueError(f"seq_lens_cpu: {len(seq_lens_cpu)} lengths for {S} sequences in cu_seqlens")
+        bos = [0, *itertools.accumulate(int(n) for n in seq_lens_cpu)]
+        if bos[-1] > N:
+            raise ValueError(f"seq_lens_cpu: {bos[-1]} tokens, more than q's {N}")
+    else:
+        bos = cu_seqlens.tolist()  # one host sync; pass seq_lens_cpu to avoid it
+    plan = seq_plan(bos, q.device)
+    lens = plan.lens
     max_chunks = max(1, max(triton.cdiv(n, CHUNK) for n in lens) if lens else 1)
     ckpt_idx = None
     if checkpoints:
         if checkpoint_pool is None:
             raise ValueError("checkpoints given without checkpoint_pool")
-        table = torch.full((S, max_chunks), -1, dtype=torch.int32)
         for seq, pos, dst in checkpoints:
             if not 1 <= pos <= lens[seq] or (pos % CHUNK and pos != lens[seq]):
                 raise ValueError(f"checkpoint position {pos} of sequence {seq} is not on the {CHUNK}-token grid or its end")
-            table[seq, triton.cdiv(pos, CHUNK) - 1] = dst
-        ckpt_idx = table.to(q.device)
     if has_initial_state is None:
-        has_initial_state = torch.ones(S, dtype=torch.int32, device=q.device)
+        has_initial_state = plan.ones
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
     rocm = device_kind(q) == "rocm"
     if tf32 is None:
@@ -145,8 +161,13 @@ def gated_delta_chunk_triton(
         return gated_delta_chunk_parallel(
             q, k, v, f, b, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
             kind, lower_bound, K ** -0.5 if scale is None else scale, l2norm, state_layout, checkpoints,
-            checkpoint_pool, lens, value_tile=value_tile, tf32=tf32, scratch_dtype=scratch_dtype, out=out,
+            checkpoint_pool, plan, value_tile=value_tile, tf32=tf32, scratch_dtype=scratch_dtype, out=out,
             num_warps=num_warps, group_chunks=group_chunks)
+    if checkpoints:
+        table = [-1] * (S * max_chunks)
+        for seq, pos, dst in checkpoints:
+            table[seq * max_chunks + triton.cdiv(pos, CHUNK) - 1] = dst
+        ckpt_idx = int32_to_device(table, q.device).view(S, max_chunks)
     o = out if out is not None else torch.empty_like(v)
     cp = checkpoint_pool if ckpt_idx is not None else state
     value_tile = value_tile or 32

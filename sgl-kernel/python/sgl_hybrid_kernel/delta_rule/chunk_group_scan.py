@@ -21,12 +21,15 @@ and a ``G``-fold shorter serial chain. The plain-torch twin of the same mode is
 
 from __future__ import annotations
 
-import math
+import functools
+import itertools
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import triton
 
+from sgl_hybrid_kernel.delta_rule.chunk_parallel import SeqPlan, int32_to_device, seq_plan
 from sgl_hybrid_kernel.delta_rule.triton_chunk_group_scan import (
     chunk_group_final_kernel,
     chunk_group_scan_kernel,
@@ -36,17 +39,25 @@ from sgl_hybrid_kernel.delta_rule.triton_chunk_group_scan import (
 BT = 64  # tokens per chunk (as chunk_parallel.BT)
 BC = 16  # checkpoint grid (as chunk_parallel.BC)
 # Auto mode: a sequence needs this many chunks before splitting it pays (the summaries
-# and the scan are two extra launches), and the plain state pass must fill fewer
-# programs than the device has compute units.
+# and the scan are two extra launches), and the plain state pass's programs must fit at
+# least twice into one wave (PROGRAMS_PER_CU per compute unit).
 MIN_CHUNKS = 16
-# Auto mode aims at this many replay programs per compute unit.
-PROGRAMS_PER_CU = 2
+# Replay programs per compute unit the auto mode aims at: one, since the sm_90 state kernel holds
+# one 8-warp program per SM (255 registers) and a step costs the same however many programs wait
+# (docs/kernels.md), so a split only pays while the replay fits in one wave.
+PROGRAMS_PER_CU = 1
 MIN_GROUP_CHUNKS = 4
+# Forced mode without a group size, where the auto rule finds no split: this many groups per
+# longest sequence (the summaries redo the recurrence on every group but the last, so the fewest
+# groups cost least: 2 groups timed best of 2 / 3 / 4 / 8 at B=1, T=4,096 on the H200, 2026-11-30,
+# benchmark/results/2026-11-30-h200-prefill_host.json).
+FORCED_GROUPS = 2
 # Auto mode also needs the mode timed faster than the plain pass on the part (keyed by the
 # chunk launch-table entry's name): ``(faster, evidence)``. Not in the table: not timed, off.
 GROUP_SCAN_TIMED: Dict[str, Tuple[bool, str]] = {
     "sm90x132": (False, "timed slower on the H200: 0.64-0.69x / 0.80-0.96x the plain pass at B=1, T=4,096 / "
-                        "65,536 (benchmark/results/2026-11-29-h200-group_scan.json)"),
+                        "65,536 (benchmark/results/2026-11-29-h200-group_scan.json); 0.71x (2 groups, 0.564 vs 0.403 ms, "
+                        "host overhead removed) at B=1, T=4,096 (2026-11-30-h200-prefill_host.json)"),
 }
 # Benchmark knob: augmented columns per summary program (None: the launch table's state_bv,
 # the compile-gated configuration).
@@ -86,16 +97,24 @@ def plan_groups(lens: Sequence[int], group_chunks: int) -> Tuple[List[Tuple[int,
 
 
 def auto_group_chunks(lens: Sequence[int], HV: int, V: int, state_bv: int, num_compute_units: int) -> Optional[int]:
-    """Chunks per group the auto mode uses, or ``None`` when the plain state pass already fills
-    the device (``S * HV * ceil(V / state_bv) >= num_compute_units``) or no sequence has
-    :data:`MIN_CHUNKS` chunks. Aims at :data:`PROGRAMS_PER_CU` replay programs per compute
-    unit, with groups of at least :data:`MIN_GROUP_CHUNKS` chunks."""
+    """Chunks per group the auto mode uses, or ``None`` when no split fits: the plain state pass's
+    ``P = S * HV * ceil(V / state_bv)`` programs leave room for fewer than 2 copies of the replay in
+    one wave (``num_compute_units * PROGRAMS_PER_CU // P < 2``), or no sequence has
+    :data:`MIN_CHUNKS` chunks. Otherwise that many groups per longest sequence, of at least
+    :data:`MIN_GROUP_CHUNKS` chunks."""
     programs = len(lens) * HV * triton.cdiv(V, state_bv)
     longest = max((triton.cdiv(int(n), BT) for n in lens), default=0)
-    if programs >= num_compute_units or longest < MIN_CHUNKS:
+    groups = PROGRAMS_PER_CU * num_compute_units // max(programs, 1)
+    if groups < 2 or longest < MIN_CHUNKS:
         return None
-    groups = math.ceil(PROGRAMS_PER_CU * num_compute_units / programs)
     return max(MIN_GROUP_CHUNKS, triton.cdiv(longest, groups))
+
+
+def forced_group_chunks(lens: Sequence[int]) -> int:
+    """Chunks per group when the caller forces the mode without a size and the auto rule finds no
+    split: :data:`FORCED_GROUPS` groups per longest sequence (at least :data:`MIN_GROUP_CHUNKS` chunks)."""
+    longest = max((triton.cdiv(int(n), BT) for n in lens), default=0)
+    return max(MIN_GROUP_CHUNKS, triton.cdiv(longest, FORCED_GROUPS))
 
 
 def group_scan_launch_params(kind: int, H: int, HV: int, K: int, V: int, l2norm: bool, tf32: bool,
@@ -104,10 +123,16 @@ def group_scan_launch_params(kind: int, H: int, HV: int, K: int, V: int, l2norm:
     :func:`run_group_scan_state_pass`; ``compile_gate`` compiles the same dicts. ``launch``: the
     device's ``chunk_parallel.ChunkLaunch`` — the summary takes the state pass's key block,
     value tile (no checkpoints) and warps; the scan the same key block, with ``tf32x3`` products
-    when ``tf32`` (CUDA: FP32-level error, IEEE FP32 dots spill on sm_90) else IEEE FP32."""
+    when ``tf32`` (CUDA: FP32-level error, IEEE FP32 dots spill on sm_90) else IEEE FP32.
+    Cached per argument tuple and :data:`SUMMARY_BV_OVERRIDE`: do not mutate the result."""
+    return _group_scan_launch_params(kind, H, HV, K, V, l2norm, tf32, launch, SUMMARY_BV_OVERRIDE)
+
+
+@functools.lru_cache(maxsize=256)
+def _group_scan_launch_params(kind, H, HV, K, V, l2norm, tf32, launch, summary_bv):
     BK = triton.next_power_of_2(K)
     KD = max(min(launch.state_kd, BK), BK // 4)
-    sbv = min(SUMMARY_BV_OVERRIDE or launch.state_bv, triton.next_power_of_2(V + K))
+    sbv = min(summary_bv or launch.state_bv, triton.next_power_of_2(V + K))
     vbv = min(SCAN_BV, max(16, triton.next_power_of_2(V)))
     return {
         "summary": (chunk_group_summary_kernel,
@@ -130,7 +155,7 @@ def run_group_scan_state_pass(
     vn: torch.Tensor,
     h: torch.Tensor,
     cu_seqlens: torch.Tensor,
-    lens: Sequence[int],
+    lens,
     state: torch.Tensor,
     state_indices: torch.Tensor,
     has_initial_state: torch.Tensor,
@@ -151,50 +176,93 @@ def run_group_scan_state_pass(
     state into its slot (``state_indices[i] < 0``: none). ``state_launch`` is the plain
     pass's ``(kernel, constexprs, num_warps, grid_tail)``; its constexprs fix ``H``,
     ``HV``, ``K``, ``V`` and the replay's tiles; ``launch`` the summary / scan tiles.
+    ``lens``: the ``chunk_parallel.SeqPlan`` of ``cu_seqlens`` (its group tables are cached on it:
+    no host sync, no table copy per call) or tokens per sequence (offsets from 0).
     """
     kern, cx, nw, grid = state_launch
     H, HV, K, V = cx["H"], cx["HV"], cx["K"], cx["V"]
     dev = k.device
-    groups, goff = plan_groups(lens, group_chunks)
-    NG = len(groups)
-    n_ch = [triton.cdiv(int(n), BT) for n in lens]
-    first_chunk = [sum(n_ch[:s]) for s in range(len(lens))]
-    bos = cu_seqlens.tolist()
-    # Each group is a sequence of its own for the replay: token bounds, first global chunk.
-    gcu = [bos[s] + c0 * BT for (s, c0, _) in groups] + [bos[-1]]
-    gcoff = [first_chunk[s] + c0 for (s, c0, _) in groups]
-    summaries = [(s, c0, nc, gi) for gi, (s, c0, nc) in enumerate(groups) if gi + 1 < goff[s + 1]]
+    plan = lens if isinstance(lens, SeqPlan) else seq_plan([0, *itertools.accumulate(int(x) for x in lens)], dev)
+    gp = group_plan(plan, group_chunks, dev)
+    S, NG = len(plan.lens), gp.NG
     p = group_scan_launch_params(kind, H, HV, K, V, l2norm, tf32, launch)
     summ = torch.empty(max(NG, 1), HV, K, V + K, dtype=torch.float32, device=dev)
-    if summaries:
+    if gp.n_summaries:
         skern, scx, snw, sgrid = p["summary"]
-        gidx = torch.tensor(summaries, dtype=torch.int32).to(dev)
-        skern[sgrid + (len(summaries), HV)](k, G, w, u, cu_seqlens, gidx, summ, **scx, num_warps=snw)
+        skern[sgrid + (gp.n_summaries, HV)](k, G, w, u, cu_seqlens, gp.gidx, summ, **scx, num_warps=snw)
     start = torch.empty(NG, HV, K, V, dtype=torch.float32, device=dev)
     s0, s1, s2, s3 = state.stride()
     st = (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
     ckern, ccx, cnw, cgrid = p["scan"]
-    ckern[cgrid + (len(lens) * HV,)](summ, start, torch.tensor(goff, dtype=torch.int32).to(dev), state, state_indices,
-                                     has_initial_state, *st, **ccx, num_warps=cnw)
+    ckern[cgrid + (S * HV,)](summ, start, gp.goff_t, state, state_indices, has_initial_state, *st, **ccx, num_warps=cnw)
     ckpt_idx = None
     n_sub = max(1, group_chunks * (BT // BC))
     if checkpoints:
-        table = torch.full((NG, n_sub), -1, dtype=torch.int32)
+        table = [-1] * (NG * n_sub)
+        goff, gcu, bos = gp.goff, gp.gcu, plan.bos
         for seq, pos, dst in checkpoints:
             gi = min(goff[seq] + (pos - 1) // (group_chunks * BT), goff[seq + 1] - 1)
             local = pos - (gcu[gi] - bos[seq])
-            table[gi, triton.cdiv(local, BC) - 1] = dst
-        ckpt_idx = table.to(dev)
-    one = torch.ones(NG, dtype=torch.int32, device=dev)
-    slots = torch.arange(NG, dtype=torch.int32, device=dev)
+            table[gi * n_sub + triton.cdiv(local, BC) - 1] = dst
+        ckpt_idx = int32_to_device(table, dev).view(NG, n_sub)
     cp = checkpoint_pool if ckpt_idx is not None else start
     c0_, c1_, c2_, c3_ = cp.stride()
     cst = (c0_, c1_, c2_, c3_) if (state_layout == "kv" or ckpt_idx is None) else (c0_, c1_, c3_, c2_)
     kern[grid + (NG * HV,)](
-        k, G, kg, w, u, vn, h, torch.tensor(gcu, dtype=torch.int32).to(dev), torch.tensor(gcoff, dtype=torch.int32).to(dev),
-        start, slots, one, cp, ckpt_idx if ckpt_idx is not None else slots, n_sub, *start.stride(), *cst, **cx,
-        num_warps=nw)
+        k, G, kg, w, u, vn, h, gp.gcu_t, gp.gcoff_t, start, gp.slots, gp.one, cp,
+        ckpt_idx if ckpt_idx is not None else gp.slots, n_sub, *start.stride(), *cst, **cx, num_warps=nw)
     # The last group's end state (left in ``start`` by the replay) is the final state.
     fkern, fcx, fnw, fgrid = p["final"]
-    fkern[fgrid + (len(lens) * HV,)](start, torch.tensor([goff[s + 1] - 1 for s in range(len(lens))], dtype=torch.int32).to(dev),
-                                     state, state_indices, *st, **fcx, num_warps=fnw)
+    fkern[fgrid + (S * HV,)](start, gp.last_t, state, state_indices, *st, **fcx, num_warps=fnw)
+
+
+@dataclass
+class GroupPlan:
+    """Host tables and their device copies for one (:class:`chunk_parallel.SeqPlan`, group size);
+    cached on the plan (``plan.extra``), built with one non-blocking host-to-device copy.
+    ``goff`` ``[S + 1]`` first group per sequence; ``gcu`` ``[NG + 1]`` token bounds of each group
+    (the replay treats a group as a sequence); device: ``gidx`` ``[n_summaries, 4]`` (sequence,
+    first chunk, chunks, group), ``goff_t``, ``gcu_t``, ``gcoff_t`` ``[NG]`` first global chunk per
+    group, ``last_t`` ``[S]`` last group per sequence, ``slots`` ``arange(NG)``, ``one`` ``[NG]`` ones."""
+
+    NG: int
+    n_summaries: int
+    goff: List[int]
+    gcu: List[int]
+    gidx: torch.Tensor
+    goff_t: torch.Tensor
+    gcu_t: torch.Tensor
+    gcoff_t: torch.Tensor
+    last_t: torch.Tensor
+    slots: torch.Tensor
+    one: torch.Tensor
+
+
+def group_plan(plan, group_chunks: int, device: torch.device) -> GroupPlan:
+    """The cached :class:`GroupPlan` of ``plan`` (a ``chunk_parallel.SeqPlan``) for groups of
+    ``group_chunks`` chunks.
+
+    Raises:
+        ValueError: ``group_chunks < 1``.
+    """
+    key = ("group_scan", int(group_chunks))
+    gp = plan.extra.get(key)
+    if gp is not None:
+        return gp
+    groups, goff = plan_groups(plan.lens, group_chunks)
+    NG = len(groups)
+    first_chunk = [0, *itertools.accumulate(plan.n_ch)]
+    bos = plan.bos
+    gcu = [bos[s] + c0 * BT for (s, c0, _) in groups] + [bos[-1]]
+    gcoff = [first_chunk[s] + c0 for (s, c0, _) in groups]
+    summaries = [x for gi, (s, c0, nc) in enumerate(groups) if gi + 1 < goff[s + 1] for x in (s, c0, nc, gi)]
+    last = [goff[s + 1] - 1 for s in range(len(plan.lens))]
+    parts = [summaries, goff, gcu, gcoff, last, list(range(NG)), [1] * NG]
+    flat = int32_to_device([x for part in parts for x in part], device)
+    views, o = [], 0
+    for part in parts:
+        views.append(flat[o: o + len(part)])
+        o += len(part)
+    gp = GroupPlan(NG, len(summaries) // 4, goff, gcu, views[0].view(-1, 4), *views[1:])
+    plan.extra[key] = gp
+    return gp

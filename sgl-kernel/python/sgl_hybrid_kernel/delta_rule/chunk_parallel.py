@@ -1,6 +1,7 @@
 """Host wrapper of the multi-kernel chunked prefill (``triton_chunk_parallel.py``, chunk 64).
 
-Four launches: gate cumulative sum, in-chunk WY pieces (parallel over chunks),
+Four launches (six where the launch table splits the in-chunk step: ``intra_split``,
+``intra_inv``): gate cumulative sum, in-chunk WY pieces (parallel over chunks),
 state passing (sequential over chunks, parallel over sequences x heads x value
 tiles), output (parallel over chunks). Same contract as
 ``chunk.gated_delta_chunk_triton`` (which calls this for ``method="parallel"``).
@@ -8,15 +9,21 @@ tiles), output (parallel over chunks). Same contract as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+import functools
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import triton
 
 from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import (
     chunk_gate_cumsum_kernel,
+    chunk_intra_a_kernel,
+    chunk_intra_inv_kernel,
     chunk_intra_kernel,
+    chunk_intra_solve_kernel,
     chunk_output_kernel,
     chunk_state_kernel,
 )
@@ -44,6 +51,16 @@ class ChunkLaunch:
     ``state_early``: issue each chunk step's loads before its stores (else each block's loads
     follow the previous block's state store; CDNA: off, which keeps 3 waves per SIMD
     where early loads would leave 2 — neither timed);
+    ``intra_split``: run the in-chunk step as two launches (issue 4): ``A`` / ``Aqk`` by one program per
+    (chunk, head, 16-row block) with ``intra_a_warps``, key blocks of ``intra_a_kd`` and
+    ``intra_a_stages`` pipelining stages, then the block inverse and ``w`` / ``u`` / ``kg`` per
+    (chunk, head) with ``intra_solve_warps`` (``A`` through an FP32 scratch), instead of the fused
+    ``chunk_intra_kernel`` with ``intra_warps``; ``intra_inv`` (split only): the inverse by a third launch
+    between those two, its ten 16x16 blocks as small products in ``intra_inv_warps`` warps per
+    (chunk, head), written over ``A`` (FP32);
+    ``state_lowp``: the state pass's products take the state / ``v_new`` rounded to the scratch dtype
+    (BF16 scratch: BF16 tensor-core products with FP32 accumulation, as fla's state pass; FP32
+    scratch: unchanged);
     ``value_tile``: value columns per output program. Every entry is compiled by
     ``compile_gate`` for its arch and must be free of spills there (issue 9).
     ``tuned`` is False for an entry not timed on that part (the dispatch log says so).
@@ -57,12 +74,20 @@ class ChunkLaunch:
     intra_bv: int = 32
     intra_warps: int = 8
     intra_precision: str = "ieee"
+    intra_split: bool = False
+    intra_a_warps: int = 4
+    intra_a_kd: int = 16
+    intra_a_stages: int = 3
+    intra_solve_warps: int = 4
+    intra_inv: bool = False
+    intra_inv_warps: int = 2
     state_kd: int = 64
     state_bv: int = 32
     state_bv_ckpt: int = 8
     state_warps: int = 8
     state_stages: int = 1
     state_early: bool = True
+    state_lowp: bool = False
     value_tile: int = 32
     output_warps: int = 8
     tuned: bool = True
@@ -72,7 +97,9 @@ class ChunkLaunch:
 # Keyed by (arch, compute units) like the decode value-tile table (recurrent.VALUE_TILE_TUNED):
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
-    ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3,
+    ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
+                               intra_a_stages=3, intra_inv=True, intra_inv_warps=4, intra_solve_warps=8,
+                               state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
     ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
@@ -106,12 +133,18 @@ def device_chunk_launch(device: torch.device) -> ChunkLaunch:
     return chunk_launch(*plat.key)
 
 
+@functools.lru_cache(maxsize=256)
 def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: int, lower_bound: float,
                   l2norm: bool, tf32: bool, ckpt: bool, value_tile: Optional[int] = None,
-                  num_warps: Optional[int] = None) -> Dict[str, Tuple[object, Dict[str, object], int, tuple]]:
-    """``{"cumsum" | "intra" | "state" | "output": (kernel, constexprs, num_warps, grid_tail)}``: what
+                  num_warps: Optional[int] = None, interpret: bool = False) -> Dict[str, tuple]:
+    """``{"cumsum" | "intra" (or "intra_a" [+ "intra_inv"] + "intra_solve") | "state" | "output":
+    (kernel, constexprs, num_warps, grid_tail[, num_stages])}``: what
     :func:`gated_delta_chunk_parallel` launches; ``compile_gate`` compiles the same dicts.
-    ``grid_tail``: the grid's value-tile / channel-block dimension."""
+    Cached per argument tuple (a launch costs no dict building on the host): do not mutate the result.
+    ``grid_tail``: the grid's value-tile / channel-block / row-block dimension; ``num_stages``
+    (``intra_a`` only): the software-pipelining stages it is launched and compile-gated with (the
+    other parts: Triton's default). ``interpret``: CPU tensors (Triton interpreter; ``state_lowp``
+    then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong)."""
     BK = triton.next_power_of_2(K)
     BVP = triton.next_power_of_2(V)
     sbv = min(value_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
@@ -122,20 +155,114 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     # the unbounded KDA gate (diagonal blocks summed over key blocks) keeps FP32 FMA products: not
     # timed, and with 3xTF32 it sits at sm_90's 255-register cap (a variant of it spilled; compile_gate)
     aprec = launch.intra_precision if tf32 and (kind == GATE_GDN or factorized) else "ieee"
+    kd = min(launch.intra_kd, BK)
+    if launch.intra_split:
+        intra = {
+            "intra_a": (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
+                                                   FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
+                                                   KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec),
+                        launch.intra_a_warps, (BT // BC,), launch.intra_a_stages),
+            "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
+                                                           APREC=aprec, INV=launch.intra_inv),
+                            launch.intra_solve_warps, ()),
+        }
+        if launch.intra_inv:
+            intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec),
+                                  launch.intra_inv_warps, ())
+    else:
+        intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
+                                                    FACTORIZED=factorized,
+                                                    KB=min(launch.intra_kb, BK), KD=kd,
+                                                    APREC=aprec),
+                           launch.intra_warps, ())}
     return {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
-        "intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
-                                           FACTORIZED=factorized,
-                                           KB=min(launch.intra_kb, BK), KD=min(launch.intra_kd, BK),
-                                           APREC=aprec),
-                  launch.intra_warps, ()),
+        **intra,
         "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(launch.state_kd, BK), BK // 4), CKPT=ckpt,
                                            STAGES=launch.state_stages,
-                                           EARLY=launch.state_early),
+                                           EARLY=launch.state_early,
+                                           LOWP=(2 if interpret else 1) if launch.state_lowp and not ckpt else 0),
                   num_warps or launch.state_warps, (triton.cdiv(V, sbv),)),
         "output": (chunk_output_kernel, dict(**common, BV=obv), num_warps or launch.output_warps, (triton.cdiv(V, obv),)),
     }
+
+
+def int32_to_device(data: Sequence[int], device: torch.device) -> torch.Tensor:
+    """An int32 tensor of ``data`` on ``device`` without a host sync: on a GPU the values go through
+    pinned host memory with a non-blocking copy (a plain ``torch.tensor(..., device=)`` / ``.to()``
+    from pageable memory waits for the stream: every earlier launch finishes first)."""
+    t = torch.tensor(list(data), dtype=torch.int32)
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class SeqPlan:
+    """Host facts and device index tables of one set of packed sequences (issue 4: host overhead).
+
+    Built once per ``(cu_seqlens values, device, current stream)`` and cached (:func:`seq_plan`), so repeated
+    calls with the same sequences — every KDA / GDN layer of one forward — launch without
+    building tables or copying them to the device. Attributes: ``bos`` ``[S + 1]`` token offsets
+    (host); ``lens`` tokens per sequence; ``n_ch`` chunks of ``BT`` per sequence; ``NC`` their sum;
+    ``cidx`` ``[max(NC, 1), 2]`` int32 (sequence, chunk in sequence) per global chunk and ``coff``
+    ``[S]`` first global chunk per sequence, both on the device; ``n_sub``: 16-token sub-chunks of
+    the longest sequence; ``ones`` ``[S]`` int32 ones (the default ``has_initial_state``);
+    ``extra``: tables other modules cache on the plan (group scan, keyed by its group size).
+    """
+
+    bos: Tuple[int, ...]
+    lens: Tuple[int, ...]
+    n_ch: Tuple[int, ...]
+    NC: int
+    cidx: torch.Tensor
+    coff: torch.Tensor
+    ones: torch.Tensor
+    n_sub: int
+    extra: Dict[object, object] = field(default_factory=dict)
+
+
+PLAN_CACHE_SIZE = 16
+_PLANS: "OrderedDict[Tuple[Tuple[int, ...], str, int], SeqPlan]" = OrderedDict()
+
+
+def seq_plan(bos: Sequence[int], device: torch.device) -> SeqPlan:
+    """The cached :class:`SeqPlan` of token offsets ``bos`` (``[S + 1]``, host ints) on ``device``
+    (least recently used of :data:`PLAN_CACHE_SIZE` dropped). One non-blocking host-to-device copy
+    when built, none when cached.
+
+    Raises:
+        ValueError: ``bos`` empty or decreasing.
+    """
+    bos = tuple(int(x) for x in bos)
+    # Keyed by stream too: the tables' copy is ordered only on the stream it was issued on.
+    dev = torch.device(device)
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    key = (bos, str(device), stream)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        _PLANS.move_to_end(key)
+        return plan
+    if not bos or any(b < a for a, b in zip(bos, bos[1:])):
+        raise ValueError(f"cu_seqlens must be non-empty and non-decreasing, got {list(bos)[:8]}...")
+    lens = tuple(b - a for a, b in zip(bos, bos[1:]))
+    S = len(lens)
+    n_ch = tuple(triton.cdiv(n, BT) for n in lens)
+    NC = sum(n_ch)
+    cidx: List[int] = [x for s in range(S) for c in range(n_ch[s]) for x in (s, c)] or [0, 0]
+    coff, acc = [], 0
+    for n in n_ch:
+        coff.append(acc)
+        acc += n
+    flat = int32_to_device(cidx + coff + [1] * S, device)
+    n_sub = max(1, max(n_ch, default=0) * (BT // BC))
+    plan = SeqPlan(bos, lens, n_ch, NC, flat[: len(cidx)].view(-1, 2), flat[len(cidx): len(cidx) + S],
+                   flat[len(cidx) + S:], n_sub)
+    _PLANS[key] = plan
+    while len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return plan
 
 
 def gated_delta_chunk_parallel(
@@ -175,29 +302,32 @@ def gated_delta_chunk_parallel(
     ``num_warps`` override its value tiles / state-passing and output warps.
     ``group_chunks``: run the state pass in group-scan mode with groups of that many
     chunks (``chunk_group_scan.py``); ``None``: the plain sequential state pass.
+    ``lens``: the :class:`SeqPlan` of ``cu_seqlens`` (no host work per call), or tokens per
+    sequence (offsets from 0; the plan is then looked up in the cache).
+    No host sync: index tables come from the plan, checkpoint tables are copied without one.
     """
     launch = launch or device_chunk_launch(q.device)
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    S = len(lens)
     dev = q.device
-    n_ch = [triton.cdiv(n, BT) for n in lens]
-    NC = sum(n_ch)
+    if not isinstance(lens, SeqPlan):
+        lens = seq_plan([0, *itertools.accumulate(int(x) for x in lens)], dev)
+    plan = lens
+    S, NC, n_sub = len(plan.lens), plan.NC, plan.n_sub
     sd = torch.float32 if scratch_dtype is None else scratch_dtype
-    cidx = torch.tensor([(s, c) for s in range(S) for c in range(n_ch[s])] or [(0, 0)], dtype=torch.int32).to(dev)
-    coff = torch.tensor([sum(n_ch[:s]) for s in range(S)], dtype=torch.int32).to(dev)
-    n_sub = max(1, max((triton.cdiv(n, BT) * (BT // BC) for n in lens), default=1))
+    cidx, coff = plan.cidx, plan.coff
     ckpt_idx = None
     if checkpoints:
-        table = torch.full((S, n_sub), -1, dtype=torch.int32)
+        table = [-1] * (S * n_sub)
         for seq, pos, dst in checkpoints:
-            table[seq, triton.cdiv(pos, BC) - 1] = dst
-        ckpt_idx = table.to(dev)
+            table[seq * n_sub + triton.cdiv(pos, BC) - 1] = dst
+        ckpt_idx = int32_to_device(table, dev).view(S, n_sub)
     o = out if out is not None else torch.empty_like(v)
     if NC == 0:
         return o
     lb = 0.0 if lower_bound is None else float(lower_bound)
-    p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps)
+    p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps,
+                      interpret=dev.type == "cpu")
     gshape = (N, HV) if kind == GATE_GDN else (N, HV, K)
     G = torch.empty(gshape, dtype=torch.float32, device=dev)
     aqk = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)
@@ -208,8 +338,18 @@ def gated_delta_chunk_parallel(
     h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
     kern, cx, nw, grid = p["cumsum"]
     kern[(NC, HV) + grid](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, **cx, num_warps=nw)
-    kern, cx, nw, grid = p["intra"]
-    kern[(NC, HV)](q, k, v, b, G, aqk, w, u, kg, cu_seqlens, cidx, scale, **cx, num_warps=nw)
+    if "intra" in p:
+        kern, cx, nw, grid = p["intra"]
+        kern[(NC, HV)](q, k, v, b, G, aqk, w, u, kg, cu_seqlens, cidx, scale, **cx, num_warps=nw)
+    else:
+        a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
+        kern, cx, nw, grid, ns = p["intra_a"]
+        kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)
+        if "intra_inv" in p:
+            kern, cx, nw, grid = p["intra_inv"]
+            kern[(NC, HV)](a_rows, cu_seqlens, cidx, **cx, num_warps=nw)
+        kern, cx, nw, grid = p["intra_solve"]
+        kern[(NC, HV)](k, v, b, G, a_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw)
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()
@@ -218,7 +358,7 @@ def gated_delta_chunk_parallel(
     if group_chunks:
         from sgl_hybrid_kernel.delta_rule.chunk_group_scan import run_group_scan_state_pass
 
-        run_group_scan_state_pass(p["state"], kind, k, G, kg, w, u, vn, h, cu_seqlens, lens, state, state_indices,
+        run_group_scan_state_pass(p["state"], kind, k, G, kg, w, u, vn, h, cu_seqlens, plan, state, state_indices,
                                   has_initial_state, state_layout, checkpoints, checkpoint_pool, group_chunks, l2norm, tf32,
                                   launch)
     else:

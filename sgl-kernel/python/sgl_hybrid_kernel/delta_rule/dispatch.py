@@ -107,23 +107,24 @@ def choose_group_scan(q: torch.Tensor, v: torch.Tensor, lens: Sequence[int], gro
     Args:
         q: ``[N, H, K]``; v: ``[N, HV, V]``; lens: tokens per sequence.
         group_chunks: the caller's group size, used when the mode is on.
-        forced: the caller asked for the mode (``group_scan=True``): always on.
+        forced: the caller asked for the mode (``group_scan=True``): always on; without
+            ``group_chunks`` the auto size, else ``chunk_group_scan.forced_group_chunks`` (2 groups).
 
-    Auto rule (issue 4): on a GPU, on when the plain state pass has fewer programs
-    (sequences x value heads x value tiles) than the device has compute units, a
+    Auto rule (issue 4): on a GPU, on when the plain state pass's programs
+    (sequences x value heads x value tiles) fit at least twice in one wave of the device, a
     sequence has at least ``chunk_group_scan.MIN_CHUNKS`` chunks of 64 tokens, and the
     mode was timed faster than the plain pass on this part
     (``chunk_group_scan.GROUP_SCAN_TIMED``; on the H200 it was not, so auto stays plain
     there); groups from ``chunk_group_scan.auto_group_chunks`` unless ``group_chunks`` is given.
     """
-    from sgl_hybrid_kernel.delta_rule.chunk_group_scan import GROUP_SCAN_TIMED, MIN_CHUNKS, MIN_GROUP_CHUNKS, auto_group_chunks
+    from sgl_hybrid_kernel.delta_rule.chunk_group_scan import GROUP_SCAN_TIMED, MIN_CHUNKS, auto_group_chunks, forced_group_chunks
 
     HV, V = v.shape[-2], v.shape[-1]
     plat = device_platform(q.device)
     launch = device_chunk_launch(q.device)
     auto = auto_group_chunks(lens, HV, V, launch.state_bv, plat.num_compute_units) if plat.num_compute_units else None
     if forced:
-        n = group_chunks or auto or MIN_GROUP_CHUNKS
+        n = group_chunks or auto or forced_group_chunks(lens)
         record_choice(GROUP_SCAN_OP, "group_scan", "forced by the caller (group_scan=True)", log=logger)
         return n
     if plat.device == "cpu":
@@ -131,8 +132,8 @@ def choose_group_scan(q: torch.Tensor, v: torch.Tensor, lens: Sequence[int], gro
         return None
     if auto is None:
         record_choice(GROUP_SCAN_OP, "plain",
-                      f"sequences x value heads x value tiles fill the {plat.num_compute_units} compute units, "
-                      f"or no sequence has {MIN_CHUNKS} chunks", log=logger)
+                      f"sequences x value heads x value tiles leave no room for two replay copies in one wave of "
+                      f"the {plat.num_compute_units} compute units, or no sequence has {MIN_CHUNKS} chunks", log=logger)
         return None
     faster, evidence = GROUP_SCAN_TIMED.get(launch.name, (False, f"not timed on {launch.name}"))
     if not faster:

@@ -9,11 +9,15 @@ import torch
 import triton
 
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
+    FLAG_COMMIT,
+    FLAG_DEFERRED,
+    FLAG_REPLAY_PREV,
+    FLAG_SAVE_INTER,
     GATE_GDN,
     GATE_KDA,
     GATE_KDA_SAFE,
     gated_delta_recurrent_kernel,
-    gated_delta_replay_commit_kernel,
+    gated_delta_verify_wide_kernel,
 )
 from sgl_hybrid_kernel.platform import device_platform
 
@@ -69,28 +73,42 @@ def pick_value_tile(
     tokens: int = 1,
     state_layout: str = "vk",
     tuning: Optional[ValueTileTuning] = None,
+    per_channel_decay: bool = False,
 ) -> int:
-    """Columns per program, from the H200 sweep (benchmark/kernels/sweep_value_tile.py, docs/kernels.md).
+    """Columns per program, from the H200 sweeps (benchmark/kernels/bench_delta_rule.py
+    ``bench_recurrent_sweep``, docs/kernels.md; issue 4).
 
-    * State stored V-major (``"vk"``, SGLang's KDA pool): a column is a contiguous
-      K-vector, so narrow tiles stay coalesced; go narrow until ``B * HV * V / BV``
-      programs reach ``tuning.waves`` waves of ``tuning.num_compute_units`` (H200:
-      2 waves of 132 SMs, B=1: 4 columns), wider for verify windows (T > 1), whose
-      per-token reductions favour fewer, wider programs.
-    * State stored K-major (``"kv"``, fla): a tile reads ``BV`` contiguous floats
-      per row, so tiles below 32 columns waste memory transactions.
+    One warp per program up to 16 columns (:func:`recurrent_num_warps`): every K-reduction
+    of the chain stays inside the warp (shuffles, no shared memory or barriers); the H200
+    sweep found one-warp programs fastest for decode and verify at every batch.
+
+    * Decode (``tokens == 1``): start at 16 columns and halve while ``B * HV * V / BV``
+      programs fall short of ``tuning.waves`` waves of ``tuning.num_compute_units``
+      (H200: B=1 -> 4, B >= 4 -> 16 for 12 heads).
+    * Verify windows (``tokens > 1``): the per-token input tiles held in registers leave
+      room for a 4-column state slice with per-channel decay (KDA) or 8 with a per-head
+      one (GDN; 4 columns with per-token inputs at B=1, :func:`recurrent_preload`); wider
+      preloaded slices spill (compile_gate). Plain verify windows from
+      :data:`WIDE_VERIFY_MIN_BATCH` requests do not use this tile: they run the wide kernel
+      (:func:`use_wide_verify`, 64 columns, 4 warps), which the H200 measured faster there.
+    * State stored K-major (``"kv"``, fla): a tile reads ``BV`` contiguous floats per row,
+      so it never goes below 8 columns (one 32-byte sector per row); decode keeps the earlier
+      32 / 64 columns (one 16-column warp was 25 % slower there, GDN B=32).
 
     ``tuning`` defaults to :data:`INTERPRETER_TUNING` (the H200 table); the
     wrappers pass the tensor device's entry (:func:`device_value_tile_tuning`).
     """
     tuning = tuning or INTERPRETER_TUNING
     vmax = triton.next_power_of_2(head_v_dim)
+    floor = 8 if state_layout == "kv" else 4
+    if tokens > 1:
+        if batch == 1 and not per_channel_decay and state_layout == "vk":
+            return min(4, vmax)  # GDN B=1: 4 columns, per-token inputs (recurrent_preload)
+        return min(max(4 if per_channel_decay else 8, floor), vmax)
     if state_layout == "kv":
         return min(64 if batch * num_v_heads >= 512 else 32, vmax)
-    if tokens > 1:
-        return min(4 if batch == 1 else 64, vmax)
-    bv = 32
-    while bv > 4 and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.waves * tuning.num_compute_units:
+    bv = 16
+    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.waves * tuning.num_compute_units:
         bv //= 2
     return min(bv, vmax)
 
@@ -119,6 +137,9 @@ def gated_delta_recurrent_triton(
     replay_buffer: Optional[torch.Tensor] = None,
     replay_prev: Optional[torch.Tensor] = None,
     accept_prev: Optional[torch.Tensor] = None,
+    num_warps: Optional[int] = None,
+    preload: Optional[bool] = None,
+    wide: Optional[bool] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -137,6 +158,12 @@ def gated_delta_recurrent_triton(
         inter_state, inter_indices: optional pool (same layout) and ``[N]`` slots
             receiving the state after each token (``-1`` = skip).
         value_tile: ``BV`` override (power of two).
+        num_warps: warps per program override (default :func:`recurrent_num_warps`).
+        preload: load every token's inputs as register tiles before the chain (``True``) or
+            each token's one token ahead (``False``); default :func:`recurrent_preload`.
+        wide: plain verify windows only (T > 1, no snapshots, no deferred commit): run
+            ``gated_delta_verify_wide_kernel`` (wide multi-warp tiles, HEAD 7a64a90's loop).
+            ``None``: :func:`use_wide_verify` when no tile, warp or preload override is given.
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -158,6 +185,8 @@ def gated_delta_recurrent_triton(
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     T = int(tokens_per_request)
+    if not 1 <= T <= 16:
+        raise ValueError(f"tokens_per_request must be in 1..16, got {T}")
     if N % T != 0 or HV % H != 0:
         raise ValueError(f"N={N} must be a multiple of tokens_per_request={T} and HV={HV} of H={H}")
     B = N // T
@@ -178,7 +207,7 @@ def gated_delta_recurrent_triton(
 
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
     o = out if out is not None else torch.empty_like(v)
-    BV = value_tile or pick_value_tile(B, HV, V, T, state_layout, device_value_tile_tuning(q.device))
+    BV = value_tile or pick_value_tile(B, HV, V, T, state_layout, device_value_tile_tuning(q.device), kind != GATE_GDN)
     fused_replay = replay_prev is not None
     if fused_replay and (accept_prev is None or (replay_buffer is not None and replay_prev.data_ptr() == replay_buffer.data_ptr())):
         raise ValueError("replay_prev needs accept_prev and must be a different buffer from replay_buffer (ping-pong)")
@@ -189,30 +218,77 @@ def gated_delta_recurrent_triton(
         rw = K + (1 if kind == GATE_GDN else K) + 1 + V
         if tuple(replay_buffer.shape[1:]) != (T - 1, HV, rw) or replay_buffer.dtype != torch.float32:
             raise ValueError(f"replay_buffer must be FP32 [slots, {T - 1}, {HV}, {rw}], got {tuple(replay_buffer.shape)}")
+    if deferred and fused_replay and replay_buffer.stride(0) != replay_prev.stride(0):
+        raise ValueError("replay_buffer and replay_prev must have the same layout (ping-pong pair)")
+    flags = ((FLAG_COMMIT if commit else 0) | (FLAG_SAVE_INTER if save else 0) | (FLAG_DEFERRED if deferred else 0)
+             | (FLAG_REPLAY_PREV if fused_replay else 0))
+    # Index tensors share state_indices' dtype and stand-ins replace absent buffers, so every mode
+    # of a (shape, dtype, tile) launches the same binary (bit-exact replay, triton_recurrent.py).
+    idx_dtype = state_indices.dtype
+    plain = T > 1 and not (save or deferred or fused_replay)
+    if wide is None:
+        wide = plain and value_tile is None and num_warps is None and preload is None and use_wide_verify(B, T)
+    if wide:
+        if not plain:
+            raise ValueError("wide=True serves plain verify windows only (T > 1, no inter_state / replay buffers)")
+        BV = value_tile or min(64 if state_layout == "vk" or B * HV >= 512 else 32, triton.next_power_of_2(V))
+        gated_delta_verify_wide_kernel[(triton.cdiv(V, BV), B * HV)](
+            q, k, v, f, b, o, A_log, dt_bias, state, state_indices,
+            K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound), *strides(state),
+            T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, GATE=kind, L2NORM=l2norm, COMMIT=commit,
+            num_warps=num_warps or (4 if BV >= 16 else 2),
+        )
+        return o
     grid = (triton.cdiv(V, BV), B * HV)
     gated_delta_recurrent_kernel[grid](
         q, k, v, f, b, o,
         A_log, dt_bias,
         state, state_indices,
-        inter_state if save else state, inter_indices if save else state_indices,
+        inter_state if save else state, inter_indices.to(idx_dtype) if save else state_indices,
         replay_buffer if deferred else state,
         replay_prev if fused_replay else state,
-        accept_prev if fused_replay else state_indices,
+        accept_prev.to(idx_dtype) if fused_replay else state_indices,
         K ** -0.5 if scale is None else scale,
         0.0 if lower_bound is None else float(lower_bound),
         *strides(state),
         *(strides(inter_state) if save else strides(state)),
         replay_buffer.stride(0) if deferred else (replay_prev.stride(0) if fused_replay else 0),
+        flags,
         T=T, H=H, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BV=BV,
-        GATE=kind, L2NORM=l2norm, SAVE_INTER=save, COMMIT=commit, DEFERRED=deferred, REPLAY_PREV=fused_replay,
-        num_warps=_num_warps(BV),
+        GATE=kind, L2NORM=l2norm, PRELOAD=recurrent_preload(BV, T, kind != GATE_GDN) if preload is None else bool(preload),
+        num_warps=num_warps or recurrent_num_warps(BV, T, state_layout),
     )
     return o
 
 
-def _num_warps(bv: int) -> int:
-    return 4 if bv >= 16 else 2
+# Plain verify windows from this batch run the wide kernel (H200, 2026-11-30: KDA T=4 B=32 / 128
+# and GDN T=5 B=32 faster there than any spill-free one-warp tile; B=1 slower; in between unmeasured).
+WIDE_VERIFY_MIN_BATCH = 32
+
+
+def use_wide_verify(batch: int, tokens: int) -> bool:
+    """Whether a plain verify window (no snapshots, no deferred commit) of ``batch`` requests
+    runs ``gated_delta_verify_wide_kernel`` by default (:data:`WIDE_VERIFY_MIN_BATCH`)."""
+    return tokens > 1 and batch >= WIDE_VERIFY_MIN_BATCH
+
+
+def recurrent_preload(bv: int, tokens: int = 1, per_channel_decay: bool = True) -> bool:
+    """Whether the kernel preloads all ``tokens`` tokens' inputs as register tiles (``PRELOAD``)
+    rather than each token's one token ahead of its chain. Decode and narrow verify tiles do;
+    from 16 columns the ``[K, T]`` input tiles beside the ``[K, BV]`` state slice spill on
+    sm_90 (compile gate), and a 4-column per-head-decay (GDN) tile was faster per token on the
+    H200 (B=1, T=5 fused deferred verify: 7.5 vs 8.5 µs at 8 preloaded columns)."""
+    if tokens == 1:
+        return True
+    return bv < 16 and not (bv == 4 and not per_channel_decay)
+
+
+def recurrent_num_warps(bv: int, tokens: int = 1, state_layout: str = "kv") -> int:
+    """Warps per program of the decode / verify kernel for a ``BV``-column tile: one up to
+    16 columns (H200 sweep: K-reductions inside one warp), then one per 16 columns so the
+    ``[K, BV]`` state slice stays within registers."""
+    return max(1, bv // 16)
 
 
 def replay_commit(
@@ -224,31 +300,55 @@ def replay_commit(
     gate: str = "gdn",
     state_layout: str = "kv",
     value_tile: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    *,
+    preload: Optional[bool] = None,
+    num_k_heads: Optional[int] = None,
+    activation_dtype: torch.dtype = torch.bfloat16,
+    lower_bound: Optional[float] = None,
+    l2norm: bool = True,
 ) -> None:
-    """Deferred commit: rebuild each request's accepted state in place.
+    """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
+
+    Runs the verify kernel itself with the previous window replayed and a window of
+    neutral tokens (gate input and beta at -inf: decay exactly 1, update exactly 0), so
+    the replay executes in the same compiled binary as the verify that wrote the buffer
+    and as a verify writing every snapshot: the rebuilt state equals that snapshot bit
+    for bit on a GPU too (register layouts, hence reduction order, are the binary's).
+    That holds when the arguments below match the verify call's; else the result is
+    still correct to FP32 rounding.
 
     Args:
         state: the pool the verify wrote token 0's state into (same layout flag).
         state_indices: ``[B]`` slots (negative = padding).
         accept_lens: ``[B]`` accepted tokens of the window, token 0 included (1..T).
-        replay_buffer: the buffer the DEFERRED verify filled.
+        replay_buffer: the buffer the DEFERRED verify filled, ``[slots, T - 1, HV, RW]``.
         head_k_dim: ``K``; gate: ``"kda"`` or ``"gdn"``.
-        value_tile: must equal the verify call's ``BV`` for bit-exact replay
-            (``None`` picks the same default as the verify did for the same batch).
+        value_tile, num_warps, preload: the verify call's (``None``: the same defaults).
+        num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
+        activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
+
+    Raises:
+        ValueError: ``gate`` unknown or the buffer's row width does not fit ``head_k_dim``.
     """
+    if gate not in ("kda", "gdn"):
+        raise ValueError(f"gate must be 'kda' or 'gdn', got {gate!r}")
     B = state_indices.shape[0]
     _, Tm1, HV, rw = replay_buffer.shape
     K = head_k_dim
     gk = K if gate == "kda" else 1
     V = rw - K - gk - 1
-    if state_layout == "kv":
-        s = state.stride()
-    else:
-        s0, s1, s2, s3 = state.stride()
-        s = (s0, s1, s3, s2)
-    BV = value_tile or pick_value_tile(B, HV, V, Tm1 + 1, state_layout, device_value_tile_tuning(state.device))
-    gated_delta_replay_commit_kernel[(triton.cdiv(V, BV), B * HV)](
-        state, state_indices, accept_lens, replay_buffer, *s, replay_buffer.stride(0),
-        T=Tm1 + 1, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, PER_CHANNEL=gate == "kda",
-        num_warps=_num_warps(BV),
-    )
+    if V <= 0:
+        raise ValueError(f"replay_buffer rows of {rw} floats do not fit head_k_dim={K} ({gate})")
+    T, H = Tm1 + 1, num_k_heads or HV
+    N, dev, dt = B * T, state.device, activation_dtype
+    q = torch.zeros(N, H, K, device=dev, dtype=dt)
+    v = torch.zeros(N, HV, V, device=dev, dtype=dt)
+    f = torch.full((N, HV) if gate == "gdn" else (N, HV, K), float("-inf"), device=dev, dtype=dt)
+    b = torch.full((N, HV), float("-inf"), device=dev, dtype=dt)
+    A_log = torch.zeros(HV, device=dev)
+    dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
+    gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
+                                 state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
+                                 preload=preload,
+                                 out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)

@@ -20,6 +20,10 @@ sequential over chunks (issue 4):
    ``u = M (beta v)`` (by value blocks of ``BV``) and the decayed keys of the state
    update ``kg = k e^{G_last - G}`` (exponents <= 0), so the sequential pass reads one
    tile per key block instead of recomputing norms and decays on every value tile.
+   Split form (the sm_90 table, issue 4): ``chunk_intra_a_kernel`` (grid (chunk, value head,
+   16-row block): ``A`` / ``Aqk`` as 16x16 blocks ``j <= i`` only, light 2-warp programs),
+   ``chunk_intra_inv_kernel`` (the ten 16x16 blocks of the inverse, written over ``A``) and
+   ``chunk_intra_solve_kernel`` (``w``, ``u``, ``kg`` from the stored FP32 inverse).
 3. ``chunk_state_kernel`` — parallel over (sequence, value head, value tile),
    sequential over chunks: stores the chunk-start state ``h``, the pseudo-values
    ``v_new = u - w h`` and updates ``h <- e^{G_last} h + kg^T v_new``;
@@ -135,6 +139,88 @@ def chunk_gate_cumsum_kernel(
 
 
 @triton.jit
+def _intra_rows(q_ptr, k_ptr, b_ptr, g_ptr, i, T, o_t, m_t, tok, tokc, rn_all, i_h, i_hv, scale,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+                BC: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr, FACTORIZED: tl.constexpr,
+                KB: tl.constexpr, KD: tl.constexpr, TF32: tl.constexpr, APREC: tl.constexpr):
+    """Rows ``i*BC .. i*BC + BC - 1`` of one chunk (pointers rebased to its first token, rows
+    chunk-local): ``Akk`` = strict rows of ``A`` (scaled by beta, FP32 inputs and accumulation via
+    ``APREC``) and ``Aq`` = causal rows of the in-chunk attention (``[BC, BT]`` each), with the
+    block's rows ``o_ti``, tokens ``tok_i`` and row mask ``m_i``."""
+    o_ti = i * BC + tl.arange(0, BC)  # chunk-local rows of block i
+    m_i = o_ti < T
+    tok_i = o_ti
+    tokc_i = tl.minimum(o_ti, T - 1)
+    beta_i = tl.load(b_ptr + tok_i * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
+    beta_i = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta_i)), 0.0)
+    causal = o_ti[:, None] >= o_t[None, :]
+    strict = o_ti[:, None] > o_t[None, :]
+    rn_k = _rnorm(k_ptr, tok_i, m_i, i_h, H, K, BK, KD, L2NORM)
+    rn_q = _rnorm(q_ptr, tok_i, m_i, i_h, H, K, BK, KD, L2NORM) * scale
+    Akk = tl.zeros([BC, BT], dtype=tl.float32)
+    Aq = tl.zeros([BC, BT], dtype=tl.float32)
+    if GATE == 2:
+        for kd in range(0, BK, KD):
+            ka = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn_all[:, None]
+            ki = _tile(k_ptr, tok_i, m_i, i_h, H, K, kd, KD) * rn_k[:, None]
+            qi = _tile(q_ptr, tok_i, m_i, i_h, H, K, kd, KD) * rn_q[:, None]
+            Akk += tl.dot(ki, tl.trans(ka), input_precision=APREC)
+            Aq += _dot(qi, tl.trans(ka), TF32)
+        G_all = tl.load(g_ptr + tokc * HV + i_hv)
+        G_i = tl.load(g_ptr + tokc_i * HV + i_hv)
+        D = tl.exp(tl.where(causal, G_i[:, None] - G_all[None, :], float("-inf")))
+        Akk = Akk * D
+        Aq = Aq * D
+    else:
+        r0 = tl.minimum(i * BC, T - 1)  # the block's first row: reference of the exponents
+        if FACTORIZED:
+            colmask = o_t < (i + 1) * BC  # earlier blocks and the (bounded) diagonal block
+        else:
+            colmask = o_t < i * BC  # earlier blocks only
+        for kd in range(0, BK, KD):
+            o_d = kd + tl.arange(0, KD)
+            Grd = tl.load(g_ptr + (r0 * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+            Ga = _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD)
+            kc = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn_all[:, None]
+            kc = kc * tl.exp(tl.where(colmask[:, None], Grd[None, :] - Ga, float("-inf")))
+            e = tl.exp(_tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kd, KD) - Grd[None, :])
+            ki = _tile(k_ptr, tok_i, m_i, i_h, H, K, kd, KD) * (rn_k[:, None] * e)
+            qi = _tile(q_ptr, tok_i, m_i, i_h, H, K, kd, KD) * (rn_q[:, None] * e)
+            Akk += tl.dot(ki, tl.trans(kc), input_precision=APREC)
+            Aq += _dot(qi, tl.trans(kc), TF32)
+        if not FACTORIZED:
+            # Diagonal block of an unbounded per-channel decay: exact exp(G_t - G_s), t >= s.
+            o_c = tl.arange(0, BC)
+            cd = o_c[:, None] >= o_c[None, :]
+            Ad = tl.zeros([BC, BC], dtype=tl.float32)
+            Aqd = tl.zeros([BC, BC], dtype=tl.float32)
+            for kb in range(0, BK, KB):
+                kk = _tile(k_ptr, tok_i, m_i, i_h, H, K, kb, KB) * rn_k[:, None]
+                qq = _tile(q_ptr, tok_i, m_i, i_h, H, K, kb, KB) * rn_q[:, None]
+                Gb = _tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kb, KB)
+                d = tl.exp(tl.where(cd[:, :, None], Gb[:, None, :] - Gb[None, :, :], float("-inf")))
+                Ad += tl.sum(kk[:, None, :] * kk[None, :, :] * d, axis=2)
+                Aqd += tl.sum(qq[:, None, :] * kk[None, :, :] * d, axis=2)
+            place = tl.where(o_c[:, None] + i * BC == o_t[None, :], 1.0, 0.0)  # [BC, BT]
+            Akk += tl.dot(Ad, place, input_precision=APREC)
+            Aq += tl.dot(Aqd, place, input_precision=APREC)
+    Akk = tl.where(strict, Akk * beta_i[:, None], 0.0)
+    Aq = tl.where(causal, Aq, 0.0)
+    return Akk, Aq, o_ti, tok_i, m_i
+
+
+@triton.jit
+def _solve_step(M, Akk, A_ii, o_t, o_ti, sel, BC: tl.constexpr, APREC: tl.constexpr):
+    """One step of the block forward substitution of ``M = (I + A)^-1`` for block row ``o_ti``:
+    ``M_i = M_ii (E_i - A_{i,<i} M_{<i})`` with ``M_ii = (I + A_ii)^-1`` (16x16, repeated squaring,
+    IEEE); rows ``>= o_ti[0]`` of ``M`` are still zero on entry. Returns ``M`` with block row i placed."""
+    M_ii = _tril_inverse_16(A_ii, BC)
+    Y = tl.where(o_ti[:, None] == o_t[None, :], 1.0, 0.0) - tl.dot(Akk, M, input_precision=APREC)
+    M_i = tl.dot(M_ii, Y, input_precision=APREC)
+    return M + tl.dot(sel, M_i, input_precision=APREC)
+
+
+@triton.jit
 def chunk_intra_kernel(
     q_ptr,  # [N, H, K]
     k_ptr,  # [N, H, K]
@@ -198,77 +284,318 @@ def chunk_intra_kernel(
     # across the block loop: no [BT, K] tile is ever whole in registers.
     M = tl.zeros([BT, BT], dtype=tl.float32)
     for i in range(0, BT // BC):
-        o_ti = i * BC + tl.arange(0, BC)  # chunk-local rows of block i
-        r_i = c * BT + o_ti
-        m_i = r_i < T
-        tok_i = bos + r_i
-        tokc_i = bos + tl.minimum(r_i, T - 1)
-        beta_i = tl.load(b_ptr + tok_i * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
-        beta_i = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta_i)), 0.0)
-        causal = o_ti[:, None] >= o_t[None, :]
-        strict = o_ti[:, None] > o_t[None, :]
-        rn_k = _rnorm(k_ptr, tok_i, m_i, i_h, H, K, BK, KD, L2NORM)
-        rn_q = _rnorm(q_ptr, tok_i, m_i, i_h, H, K, BK, KD, L2NORM) * scale
-        Akk = tl.zeros([BC, BT], dtype=tl.float32)
-        Aq = tl.zeros([BC, BT], dtype=tl.float32)
-        if GATE == 2:
-            for kd in range(0, BK, KD):
-                ka = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn_all[:, None]
-                ki = _tile(k_ptr, tok_i, m_i, i_h, H, K, kd, KD) * rn_k[:, None]
-                qi = _tile(q_ptr, tok_i, m_i, i_h, H, K, kd, KD) * rn_q[:, None]
-                Akk += tl.dot(ki, tl.trans(ka), input_precision=APREC)
-                Aq += _dot(qi, tl.trans(ka), TF32)
-            G_all = tl.load(g_ptr + tokc * HV + i_hv)
-            G_i = tl.load(g_ptr + tokc_i * HV + i_hv)
-            D = tl.exp(tl.where(causal, G_i[:, None] - G_all[None, :], float("-inf")))
-            Akk = Akk * D
-            Aq = Aq * D
-        else:
-            r0 = bos + tl.minimum(c * BT + i * BC, T - 1)  # the block's first row: reference of the exponents
-            if FACTORIZED:
-                colmask = o_t < (i + 1) * BC  # earlier blocks and the (bounded) diagonal block
-            else:
-                colmask = o_t < i * BC  # earlier blocks only
-            for kd in range(0, BK, KD):
-                o_d = kd + tl.arange(0, KD)
-                Grd = tl.load(g_ptr + (r0 * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
-                Ga = _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD)
-                kc = _tile(k_ptr, tok, m_t, i_h, H, K, kd, KD) * rn_all[:, None]
-                kc = kc * tl.exp(tl.where(colmask[:, None], Grd[None, :] - Ga, float("-inf")))
-                e = tl.exp(_tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kd, KD) - Grd[None, :])
-                ki = _tile(k_ptr, tok_i, m_i, i_h, H, K, kd, KD) * (rn_k[:, None] * e)
-                qi = _tile(q_ptr, tok_i, m_i, i_h, H, K, kd, KD) * (rn_q[:, None] * e)
-                Akk += tl.dot(ki, tl.trans(kc), input_precision=APREC)
-                Aq += _dot(qi, tl.trans(kc), TF32)
-            if not FACTORIZED:
-                # Diagonal block of an unbounded per-channel decay: exact exp(G_t - G_s), t >= s.
-                o_c = tl.arange(0, BC)
-                cd = o_c[:, None] >= o_c[None, :]
-                Ad = tl.zeros([BC, BC], dtype=tl.float32)
-                Aqd = tl.zeros([BC, BC], dtype=tl.float32)
-                for kb in range(0, BK, KB):
-                    kk = _tile(k_ptr, tok_i, m_i, i_h, H, K, kb, KB) * rn_k[:, None]
-                    qq = _tile(q_ptr, tok_i, m_i, i_h, H, K, kb, KB) * rn_q[:, None]
-                    Gb = _tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kb, KB)
-                    d = tl.exp(tl.where(cd[:, :, None], Gb[:, None, :] - Gb[None, :, :], float("-inf")))
-                    Ad += tl.sum(kk[:, None, :] * kk[None, :, :] * d, axis=2)
-                    Aqd += tl.sum(qq[:, None, :] * kk[None, :, :] * d, axis=2)
-                place = tl.where(o_c[:, None] + i * BC == o_t[None, :], 1.0, 0.0)  # [BC, BT]
-                Akk += tl.dot(Ad, place, input_precision=APREC)
-                Aq += tl.dot(Aqd, place, input_precision=APREC)
-        Akk = tl.where(strict, Akk * beta_i[:, None], 0.0)
-        Aq = tl.where(causal, Aq, 0.0)
+        Akk, Aq, o_ti, tok_i, m_i = _intra_rows(q_ptr, k_ptr, b_ptr, g_ptr, i, T, o_t, m_t, tok, tokc, rn_all, i_h, i_hv,
+                                                scale, H, HV, K, BK, BT, BC, GATE, L2NORM, FACTORIZED, KB, KD, TF32, APREC)
         tl.store(aqk_ptr + (tok_i[:, None] * HV + i_hv) * BT + o_t[None, :], Aq, mask=m_i[:, None])
         sel = tl.where(o_t[:, None] == o_ti[None, :], 1.0, 0.0)  # [BT, BC]: column/row selector of block i
         A_ii = tl.dot(Akk, sel, input_precision=APREC)
-        M_ii = _tril_inverse_16(A_ii, BC)
-        # Block forward substitution: M_i = M_ii (E_i - A_{i,<i} M_{<i}); rows >= i*BC of M are still zero.
-        Y = tl.where(o_ti[:, None] == o_t[None, :], 1.0, 0.0) - tl.dot(Akk, M, input_precision=APREC)
-        M_i = tl.dot(M_ii, Y, input_precision=APREC)
-        M += tl.dot(sel, M_i, input_precision=APREC)
+        M = _solve_step(M, Akk, A_ii, o_t, o_ti, sel, BC, APREC)
 
     _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok, tokc, m_t, rn_all, i_h, i_hv,
              0, V, 0, BK, H, HV, K, V, BV, BT, GATE, KD, TF32)
+
+
+@triton.jit
+def _block_pair(q_ptr, k_ptr, g_ptr, i, j, T, i_h, i_hv, scale,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+                GATE: tl.constexpr, L2NORM: tl.constexpr, KD: tl.constexpr, TF32: tl.constexpr, APREC: tl.constexpr):
+    """``[BC, BC]`` block (row block ``i``, column block ``j <= i``; for ``j == i`` only with a
+    bounded gate or GDN) of ``k_t^T e^{G_t - G_s} k_s`` and ``scale q_t^T e^{G_t - G_s} k_s`` for
+    one chunk, unmasked, summed over key blocks of ``KD``. KDA: exponents split at the first row
+    ``r`` of block ``i`` (``e^{G_t - G_r} <= 1``, ``e^{G_r - G_s} <= 1`` for ``s < r``; bounded
+    inside the diagonal block). The L2-norm factors of rows and columns are applied to the
+    accumulated block (their squares summed in the same key-block loop)."""
+    o_ti = i * BC + tl.arange(0, BC)
+    o_tj = j * BC + tl.arange(0, BC)
+    m_i = o_ti < T
+    m_j = o_tj < T
+    tokc_i = tl.minimum(o_ti, T - 1)
+    tokc_j = tl.minimum(o_tj, T - 1)
+    r0 = tl.minimum(i * BC, T - 1)
+    Akk = tl.zeros([BC, BC], dtype=tl.float32)
+    Aq = tl.zeros([BC, BC], dtype=tl.float32)
+    ssk = tl.zeros([BC], dtype=tl.float32)
+    ssq = tl.zeros([BC], dtype=tl.float32)
+    ssj = tl.zeros([BC], dtype=tl.float32)
+    for kd in range(0, BK, KD):
+        ki = _tile(k_ptr, o_ti, m_i, i_h, H, K, kd, KD)
+        qi = _tile(q_ptr, o_ti, m_i, i_h, H, K, kd, KD)
+        kj = _tile(k_ptr, o_tj, m_j, i_h, H, K, kd, KD)
+        if L2NORM:
+            ssk += tl.sum(ki * ki, axis=1)
+            ssq += tl.sum(qi * qi, axis=1)
+            ssj += tl.sum(kj * kj, axis=1)
+        if GATE != 2:
+            o_d = kd + tl.arange(0, KD)
+            Grd = tl.load(g_ptr + (r0 * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+            e = tl.exp(_tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kd, KD) - Grd[None, :])
+            ki = ki * e
+            qi = qi * e
+            kj = kj * tl.exp(Grd[None, :] - _tile(g_ptr, tokc_j, m_j | ~m_j, i_hv, HV, K, kd, KD))
+        Akk += tl.dot(ki, tl.trans(kj), input_precision=APREC)
+        Aq += _dot(qi, tl.trans(kj), TF32)
+    if L2NORM:
+        rk = tl.rsqrt(ssk + 1e-6)
+        rq = tl.rsqrt(ssq + 1e-6) * scale
+        rj = tl.rsqrt(ssj + 1e-6)
+    else:
+        rk = ssk + 1.0
+        rq = ssq + scale
+        rj = ssj + 1.0
+    Akk = Akk * (rk[:, None] * rj[None, :])
+    Aq = Aq * (rq[:, None] * rj[None, :])
+    if GATE == 2:
+        D = tl.exp(tl.where(o_ti[:, None] >= o_tj[None, :],
+                            tl.load(g_ptr + tokc_i * HV + i_hv)[:, None] - tl.load(g_ptr + tokc_j * HV + i_hv)[None, :],
+                            float("-inf")))
+        Akk = Akk * D
+        Aq = Aq * D
+    return Akk, Aq
+
+
+@triton.jit
+def _block_diag_exact(q_ptr, k_ptr, g_ptr, i, T, i_h, i_hv, scale,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+                      L2NORM: tl.constexpr, KD: tl.constexpr, KB: tl.constexpr):
+    """Diagonal ``[BC, BC]`` block ``i`` of an unbounded per-channel decay: exact
+    ``e^{G_t - G_s}`` (``t >= s``) summed over key blocks of ``KB`` channels (FP32 FMA)."""
+    o_ti = i * BC + tl.arange(0, BC)
+    m_i = o_ti < T
+    tokc_i = tl.minimum(o_ti, T - 1)
+    rn_k = _rnorm(k_ptr, o_ti, m_i, i_h, H, K, BK, KD, L2NORM)
+    rn_q = _rnorm(q_ptr, o_ti, m_i, i_h, H, K, BK, KD, L2NORM) * scale
+    o_c = tl.arange(0, BC)
+    cd = o_c[:, None] >= o_c[None, :]
+    Ad = tl.zeros([BC, BC], dtype=tl.float32)
+    Aqd = tl.zeros([BC, BC], dtype=tl.float32)
+    for kb in range(0, BK, KB):
+        kk = _tile(k_ptr, o_ti, m_i, i_h, H, K, kb, KB) * rn_k[:, None]
+        qq = _tile(q_ptr, o_ti, m_i, i_h, H, K, kb, KB) * rn_q[:, None]
+        Gb = _tile(g_ptr, tokc_i, m_i | ~m_i, i_hv, HV, K, kb, KB)
+        d = tl.exp(tl.where(cd[:, :, None], Gb[:, None, :] - Gb[None, :, :], float("-inf")))
+        Ad += tl.sum(kk[:, None, :] * kk[None, :, :] * d, axis=2)
+        Aqd += tl.sum(qq[:, None, :] * kk[None, :, :] * d, axis=2)
+    return Ad, Aqd
+
+
+@triton.jit
+def chunk_intra_a_kernel(
+    q_ptr,  # [N, H, K]
+    k_ptr,  # [N, H, K]
+    b_ptr,  # [N, HV] raw beta
+    g_ptr,  # [N, HV, K] / [N, HV] chunk-local cumulative log decay (FP32)
+    aqk_ptr,  # out [N, HV, BT] in-chunk attention row (FP32)
+    a_ptr,  # out [N, HV, BT] strict rows of A (beta-scaled, FP32)
+    cu_ptr,
+    cidx_ptr,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    GATE: tl.constexpr,
+    L2NORM: tl.constexpr,
+    FACTORIZED: tl.constexpr,
+    KB: tl.constexpr,
+    KD: tl.constexpr,
+    TF32: tl.constexpr,
+    APREC: tl.constexpr = "ieee",
+):
+    """Split in-chunk step, part 1: grid (chunks, HV, BT / BC); program ``i`` builds the 16 rows
+    ``i*BC ..`` of ``A`` (strict, beta-scaled) and ``Aqk`` (causal) as ``[BC, BC]`` blocks
+    ``j <= i`` only (no upper-triangle work; blocks ``j > i`` are stored as zeros), FP32 inputs and
+    accumulation for ``A`` (``APREC``). Light programs (few registers), so several share an SM.
+    ``A`` goes to an FP32 scratch read by :func:`chunk_intra_solve_kernel`."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    i_s = tl.load(cidx_ptr + 2 * i_c)
+    c = tl.load(cidx_ptr + 2 * i_c + 1)
+    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
+    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+    q_ptr = q_ptr + t0 * (H * K)
+    k_ptr = k_ptr + t0 * (H * K)
+    b_ptr = b_ptr + t0 * HV
+    aqk_ptr = aqk_ptr + t0 * (HV * BT)
+    a_ptr = a_ptr + t0 * (HV * BT)
+    if GATE == 2:
+        g_ptr = g_ptr + t0 * HV
+    else:
+        g_ptr = g_ptr + t0 * (HV * K)
+    o_c = tl.arange(0, BC)
+    o_ti = i * BC + o_c
+    m_i = o_ti < T
+    beta_i = tl.load(b_ptr + o_ti * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
+    beta_i = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta_i)), 0.0)
+    row = (o_ti[:, None] * HV + i_hv) * BT + o_c[None, :]  # + column block offset j * BC
+    for j in range(0, i):
+        Akk, Aq = _block_pair(q_ptr, k_ptr, g_ptr, i, j, T, i_h, i_hv, scale, H, HV, K, BK, BC, GATE, L2NORM, KD, TF32, APREC)
+        tl.store(aqk_ptr + row + j * BC, Aq, mask=m_i[:, None])
+        tl.store(a_ptr + row + j * BC, Akk * beta_i[:, None], mask=m_i[:, None])
+    if GATE == 2 or FACTORIZED:
+        Akk, Aq = _block_pair(q_ptr, k_ptr, g_ptr, i, i, T, i_h, i_hv, scale, H, HV, K, BK, BC, GATE, L2NORM, KD, TF32, APREC)
+    else:
+        Akk, Aq = _block_diag_exact(q_ptr, k_ptr, g_ptr, i, T, i_h, i_hv, scale, H, HV, K, BK, BC, L2NORM, KD, KB)
+    tl.store(aqk_ptr + row + i * BC, tl.where(o_c[:, None] >= o_c[None, :], Aq, 0.0), mask=m_i[:, None])
+    tl.store(a_ptr + row + i * BC, tl.where(o_c[:, None] > o_c[None, :], Akk * beta_i[:, None], 0.0), mask=m_i[:, None])
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    for j in range(i + 1, BT // BC):
+        tl.store(aqk_ptr + row + j * BC, zero, mask=m_i[:, None])
+        tl.store(a_ptr + row + j * BC, zero, mask=m_i[:, None])
+
+
+@triton.jit
+def chunk_intra_solve_kernel(
+    k_ptr,  # [N, H, K]
+    v_ptr,  # [N, HV, V]
+    b_ptr,  # [N, HV] raw beta
+    g_ptr,  # chunk-local cumulative log decay (FP32)
+    a_ptr,  # [N, HV, BT] strict rows of A (chunk_intra_a_kernel)
+    w_ptr,  # out [N, HV, K]
+    u_ptr,  # out [N, HV, V]
+    kg_ptr,  # out [N, HV, K]
+    cu_ptr,
+    cidx_ptr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    GATE: tl.constexpr,
+    L2NORM: tl.constexpr,
+    KD: tl.constexpr,
+    TF32: tl.constexpr,
+    APREC: tl.constexpr = "ieee",
+    INV: tl.constexpr = False,  # a_ptr already holds the finished inverse M (chunk_intra_inv_kernel)
+):
+    """Split in-chunk step, part 2: grid (chunks, HV); ``M = (I + A)^-1`` by the same block forward
+    substitution as the fused kernel (diagonal blocks read straight from the FP32 ``A``), or with
+    ``INV`` read as computed by :func:`chunk_intra_inv_kernel`; then ``w``, ``u`` and ``kg``
+    (:func:`_wu_tail`)."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    i_s = tl.load(cidx_ptr + 2 * i_c)
+    c = tl.load(cidx_ptr + 2 * i_c + 1)
+    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
+    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+    k_ptr = k_ptr + t0 * (H * K)
+    v_ptr = v_ptr + t0 * (HV * V)
+    b_ptr = b_ptr + t0 * HV
+    a_ptr = a_ptr + t0 * (HV * BT)
+    w_ptr = w_ptr + t0 * (HV * K)
+    u_ptr = u_ptr + t0 * (HV * V)
+    kg_ptr = kg_ptr + t0 * (HV * K)
+    if GATE == 2:
+        g_ptr = g_ptr + t0 * HV
+    else:
+        g_ptr = g_ptr + t0 * (HV * K)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < T
+    tokc = tl.minimum(o_t, T - 1)
+    o_c = tl.arange(0, BC)
+    if INV:
+        M = tl.load(a_ptr + (o_t[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
+    else:
+        M = _solve_rows(a_ptr, o_t, o_c, T, i_hv, HV, BT, BC, APREC)
+    rn_all = _rnorm(k_ptr, o_t, m_t, i_h, H, K, BK, KD, L2NORM)
+    _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, 0, T, 0, o_t, tokc, m_t, rn_all, i_h, i_hv,
+             0, V, 0, BK, H, HV, K, V, BV, BT, GATE, KD, TF32)
+
+
+@triton.jit
+def _solve_rows(a_ptr, o_t, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, APREC: tl.constexpr):
+    """``M = (I + A)^-1`` ``[BT, BT]`` from the strict rows of ``A`` at ``a_ptr`` (block forward
+    substitution, :func:`_solve_step`)."""
+    M = tl.zeros([BT, BT], dtype=tl.float32)
+    for i in range(0, BT // BC):
+        o_ti = i * BC + o_c
+        m_i = o_ti < T
+        Akk = tl.load(a_ptr + (o_ti[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_i[:, None], other=0.0)
+        A_ii = tl.load(a_ptr + (o_ti[:, None] * HV + i_hv) * BT + (i * BC + o_c)[None, :], mask=m_i[:, None], other=0.0)
+        sel = tl.where(o_t[:, None] == o_ti[None, :], 1.0, 0.0)
+        M = _solve_step(M, Akk, A_ii, o_t, o_ti, sel, BC, APREC)
+    return M
+
+
+@triton.jit
+def _ablk(a_ptr, i, j, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """``[BC, BC]`` block (row block ``i``, column block ``j``) of the ``[BT, BT]`` rows at ``a_ptr``."""
+    r = i * BC + o_c
+    return tl.load(a_ptr + (r[:, None] * HV + i_hv) * BT + (j * BC + o_c)[None, :], mask=(r < T)[:, None], other=0.0)
+
+
+@triton.jit
+def _sblk(a_ptr, X, i, j, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    r = i * BC + o_c
+    tl.store(a_ptr + (r[:, None] * HV + i_hv) * BT + (j * BC + o_c)[None, :], X, mask=(r < T)[:, None])
+
+
+@triton.jit
+def chunk_intra_inv_kernel(
+    a_ptr,  # in: [N, HV, BT] strict rows of A (FP32); out: the rows of M = (I + A)^-1 (FP32), in place
+    cu_ptr,
+    cidx_ptr,
+    HV: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    APREC: tl.constexpr = "ieee",
+):
+    """Split in-chunk step, inverse only (BT = 4 BC): grid (chunks, HV); all ten ``[BC, BC]`` blocks of
+    the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
+    ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE), ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj``
+    (``APREC``: FP32 inputs and accumulation); every block is read before any is written."""
+    tl.static_assert(BT == 4 * BC, "the inverse kernel is written for four diagonal blocks")
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_s = tl.load(cidx_ptr + 2 * i_c)
+    c = tl.load(cidx_ptr + 2 * i_c + 1)
+    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
+    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+    a_ptr = a_ptr + t0 * (HV * BT)
+    o_c = tl.arange(0, BC)
+    A10 = _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC)
+    A20 = _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC)
+    A21 = _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC)
+    A30 = _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC)
+    A31 = _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC)
+    A32 = _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC)
+    M00 = _tril_inverse_16(_ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC), BC)
+    M11 = _tril_inverse_16(_ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC), BC)
+    M22 = _tril_inverse_16(_ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC), BC)
+    M33 = _tril_inverse_16(_ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC)
+    M10 = -tl.dot(M11, tl.dot(A10, M00, input_precision=APREC), input_precision=APREC)
+    M21 = -tl.dot(M22, tl.dot(A21, M11, input_precision=APREC), input_precision=APREC)
+    M32 = -tl.dot(M33, tl.dot(A32, M22, input_precision=APREC), input_precision=APREC)
+    M20 = -tl.dot(M22, tl.dot(A20, M00, input_precision=APREC) + tl.dot(A21, M10, input_precision=APREC),
+                  input_precision=APREC)
+    M31 = -tl.dot(M33, tl.dot(A31, M11, input_precision=APREC) + tl.dot(A32, M21, input_precision=APREC),
+                  input_precision=APREC)
+    M30 = -tl.dot(M33, tl.dot(A30, M00, input_precision=APREC) + tl.dot(A31, M10, input_precision=APREC)
+                  + tl.dot(A32, M20, input_precision=APREC), input_precision=APREC)
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    _sblk(a_ptr, M00, 0, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, zero, 0, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, zero, 0, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, zero, 0, 3, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M10, 1, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M11, 1, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, zero, 1, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, zero, 1, 3, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M20, 2, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M21, 2, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M22, 2, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, zero, 2, 3, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M30, 3, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M31, 3, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M32, 3, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, M33, 3, 3, o_c, T, i_hv, HV, BT, BC)
 
 
 @triton.jit
@@ -362,9 +689,18 @@ def _tile_raw(ptr, tok, m_t, i_h, H: tl.constexpr, K: tl.constexpr, kd, KD: tl.c
 
 
 @triton.jit
-def _sdot(a, b, TF32: tl.constexpr):
-    """State-pass product: FP32 operands (converted from the stored dtype here) through ``_dot``."""
-    return _dot(a.to(tl.float32), b.to(tl.float32), TF32)
+def _sdot(a, b, TF32: tl.constexpr, LOWP: tl.constexpr):
+    """State-pass product, FP32 accumulation: FP32 operands (converted from the stored dtype here)
+    through ``_dot``. ``LOWP`` 1: the FP32 right operand (state / ``v_new``) is rounded to the stored
+    dtype of ``a`` instead (BF16 scratch: one BF16 tensor-core product, as fla's state pass); 2: the
+    same rounding, multiplied as FP32 (what the CPU interpreter runs: its BF16 ``tl.dot`` multiplies
+    raw bits, checked with triton 3.8)."""
+    if LOWP == 1 and a.dtype != tl.float32:
+        return tl.dot(a, b.to(a.dtype))
+    elif LOWP == 2 and a.dtype != tl.float32:
+        return _dot(a.to(tl.float32), b.to(a.dtype).to(tl.float32), TF32)
+    else:
+        return _dot(a.to(tl.float32), b.to(tl.float32), TF32)
 
 
 @triton.jit
@@ -426,6 +762,7 @@ def chunk_state_kernel(
     TF32: tl.constexpr,
     STAGES: tl.constexpr = 1,  # software-pipelining stages of the chunk loop (next chunks' w / kg / u in flight)
     EARLY: tl.constexpr = True,  # issue the step's loads before its stores
+    LOWP: tl.constexpr = 0,  # state products with the state / v_new rounded to the scratch dtype (_sdot)
 ):
     tl.static_assert(BK <= 4 * KD, "the state is held as at most four key blocks")
     i_v = tl.program_id(0)
@@ -498,22 +835,22 @@ def chunk_state_kernel(
         _state_store(p_h, S0, 0, KD, K, V, o_v, 1, m_v)
         if not EARLY:
             w0 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
-        vn = u.to(tl.float32) - _sdot(w0, S0, TF32)
+        vn = u.to(tl.float32) - _sdot(w0, S0, TF32, LOWP)
         if BK > KD:
             _state_store(p_h, S1, KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w1 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
-            vn -= _sdot(w1, S1, TF32)
+            vn -= _sdot(w1, S1, TF32, LOWP)
         if BK > 2 * KD:
             _state_store(p_h, S2, 2 * KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w2 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
-            vn -= _sdot(w2, S2, TF32)
+            vn -= _sdot(w2, S2, TF32, LOWP)
         if BK > 3 * KD:
             _state_store(p_h, S3, 3 * KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w3 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
-            vn -= _sdot(w3, S3, TF32)
+            vn -= _sdot(w3, S3, TF32, LOWP)
         tl.store(vnc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         if CKPT:
             rn = _rnorm(kc_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
@@ -548,13 +885,13 @@ def chunk_state_kernel(
                 kg3 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
                 d3 = _decay_last(gc_ptr, last, i_hv, 3 * KD, HV, K, KD, GATE)
         # S <- e^{G_last} S + kg^T v_new, key block by key block
-        S0 = S0 * d0 + _sdot(tl.trans(kg0), vn, TF32)
+        S0 = S0 * d0 + _sdot(tl.trans(kg0), vn, TF32, LOWP)
         if BK > KD:
-            S1 = S1 * d1 + _sdot(tl.trans(kg1), vn, TF32)
+            S1 = S1 * d1 + _sdot(tl.trans(kg1), vn, TF32, LOWP)
         if BK > 2 * KD:
-            S2 = S2 * d2 + _sdot(tl.trans(kg2), vn, TF32)
+            S2 = S2 * d2 + _sdot(tl.trans(kg2), vn, TF32, LOWP)
         if BK > 3 * KD:
-            S3 = S3 * d3 + _sdot(tl.trans(kg3), vn, TF32)
+            S3 = S3 * d3 + _sdot(tl.trans(kg3), vn, TF32, LOWP)
     if slot >= 0:
         _state_store(p_s, S0, 0, KD, K, s_k, o_v, s_v, m_v)
         if BK > KD:

@@ -6,6 +6,21 @@ tiles (down to 4 columns) give ``B * HV * V / BV`` independent programs and smal
 batches still fill the GPU (seeds digest, item 10). The gate, ``beta`` and the
 Q/K L2 norm are computed in the kernel from raw projections.
 
+Latency structure (issue 4, docs/kernels.md): the slot index is loaded first, then all
+``T`` tokens' inputs as ``[K, T]`` / ``[T, BV]`` register tiles, so every input load is in
+flight with the state load; norms, gates and ``q.k`` of all tokens are computed before the
+dependent chain, whose two K-reductions per token both read the decayed state
+(``o_t = q.S' + beta (q.k) err``). Launched with one warp, every reduction is a warp
+shuffle. The mode (commit, snapshots, deferred, fused replay) is a runtime argument, so
+all modes of a window run one binary: deferred replay is bit-exact against snapshots on
+a GPU by construction, not by matching compiler layouts across specialisations.
+
+``PRELOAD=False`` (constexpr) loads each token's inputs one token ahead of its chain instead
+of all up front: fewer live registers (spill-free at 16 columns, one warp), one memory latency
+per token; the default for 4-column GDN windows only (recurrent.recurrent_preload). Plain verify
+windows from B = 32 run ``gated_delta_verify_wide_kernel`` (HEAD 7a64a90's per-token loop, 64
+columns over 4 warps), measured faster there on the H200 (docs/kernels.md, 2026-11-30).
+
 The state lives in a pool indexed by slot; any 4-D layout works through strides
 (fla's ``[slots, HV, K, V]`` or SGLang's KDA pool ``[slots, HV, V, K]``). A
 negative slot marks a padding row: its outputs are written as zeros and no
@@ -22,6 +37,12 @@ GATE_KDA = 0  # per channel: -exp(A_log[h]) * softplus(f + dt_bias[h, k])
 GATE_KDA_SAFE = 1  # per channel: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias[h, k]))
 GATE_GDN = 2  # per head: -exp(A_log[h]) * softplus(a + dt_bias[h])
 
+# Mode bits (runtime argument ``flags``)
+FLAG_COMMIT = 1  # write the final state back to its slot
+FLAG_SAVE_INTER = 2  # write the state after each token to inter_idx's slots
+FLAG_DEFERRED = 4  # commit token 0's state, keep tokens 1..T-1's inputs in the replay buffer
+FLAG_REPLAY_PREV = 8  # first replay the previous window's accepted prefix from its buffer
+
 
 @triton.jit
 def _softplus(x):
@@ -31,35 +52,137 @@ def _softplus(x):
 @triton.jit
 def _delta_update(S, k, v, decay, beta):
     """One token of the delta rule on a ``[BK, BV]`` state slice; ``decay`` is
-    ``[BK]`` (per channel) or a scalar. Shared by verify and deferred-commit
-    replay so both execute the same FP32 operations in the same order."""
+    ``[BK]`` (per channel) or a scalar. Returns the new state, the decayed state ``S'``
+    and ``err = v - k.S'``. Shared by verify and deferred-commit replay so both
+    execute the same FP32 operations in the same order (bit-exact replay)."""
     if decay.shape == k.shape:
         S = S * decay[:, None]
     else:
         S = S * decay
     err = v - tl.sum(S * k[:, None], axis=0)
-    return S + (beta * k)[:, None] * err[None, :]
+    return S + (beta * k)[:, None] * err[None, :], S, err
 
 
 @triton.jit
-def _replay_accepted(S, rec_base, n_acc, o_k, o_v, m_k, m_v, T: tl.constexpr, HV: tl.constexpr, i_hv, K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr):
-    """Apply tokens 1 .. n_acc - 1 of a deferred verify window from their stored inputs."""
+def _col(X, o_t, t):
+    """Column ``t`` of a ``[R, TP]`` register tile (an exact select: the other terms are zeros)."""
+    return tl.sum(tl.where(o_t[None, :] == t, X, 0.0), axis=1)
+
+
+@triton.jit
+def _row(X, o_t, t):
+    """Row ``t`` of a ``[TP, C]`` register tile (an exact select)."""
+    return tl.sum(tl.where(o_t[:, None] == t, X, 0.0), axis=0)
+
+
+@triton.jit
+def _elem(x, o_t, t):
+    """Element ``t`` of a ``[TP]`` register vector."""
+    return tl.sum(tl.where(o_t == t, x, 0.0), axis=0)
+
+
+@triton.jit
+def _replay_accepted(S, rec_base, n_acc, o_k, o_v, m_k, m_v, T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, i_hv,
+                     K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr):
+    """Apply tokens 1 .. n_acc - 1 of a deferred verify window from their stored inputs.
+
+    All records are loaded in one go before the chain (masked by ``n_acc``), so the
+    replay costs one memory latency, not one per accepted token."""
     RW: tl.constexpr = K + GK + 1 + V
-    for t in range(1, T):
-        if t < n_acc:
-            rec = rec_base + ((t - 1) * HV + i_hv) * RW
-            k = tl.load(rec + o_k, mask=m_k, other=0.0)
+    o_r = tl.arange(0, TP)
+    m_r = o_r < tl.minimum(n_acc - 1, T - 1)
+    rec = rec_base + (o_r * HV + i_hv) * RW  # [TP] record starts (token r + 1)
+    Kr = tl.load(rec[None, :] + o_k[:, None], mask=m_k[:, None] & m_r[None, :], other=0.0)
+    if GK == 1:
+        Gr = tl.load(rec + K, mask=m_r, other=0.0)
+    else:
+        Gr = tl.load(rec[None, :] + K + o_k[:, None], mask=m_k[:, None] & m_r[None, :], other=0.0)
+    Br = tl.load(rec + K + GK, mask=m_r, other=0.0)
+    Vr = tl.load(rec[:, None] + (K + GK + 1) + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.0)
+    for r in tl.static_range(T - 1):
+        if r + 1 < n_acc:
             if GK == 1:
-                g = tl.load(rec + K)
+                d = tl.exp(_elem(Gr, o_r, r))
             else:
-                g = tl.load(rec + K + o_k, mask=m_k, other=0.0)
-            beta = tl.load(rec + K + GK)
-            v = tl.load(rec + K + GK + 1 + o_v, mask=m_v, other=0.0)
-            S = _delta_update(S, k, v, tl.exp(g), beta)
+                d = tl.exp(_col(Gr, o_r, r))
+            S, _, _ = _delta_update(S, _col(Kr, o_r, r), _row(Vr, o_r, r), d, _elem(Br, o_r, r))
     return S
 
 
 @triton.jit
+def _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr, o_k, o_v, m_k, m_v, GATE: tl.constexpr):
+    """Raw inputs of token row ``n`` (per-token path, ``PRELOAD=False``): q, k ``[BK]``, the v
+    tile ``[BV]``, the gate input (``[BK]`` per channel or a scalar for GDN) and beta (scalar)."""
+    q = tl.load(q_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + (n * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + n * HV + i_hv).to(tl.float32)
+    if GATE == 2:
+        f = tl.load(f_ptr + n * HV + i_hv).to(tl.float32)
+    else:
+        f = tl.load(f_ptr + (n * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    return q, k, v, f, b
+
+
+@triton.jit
+def _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b, i_h, i_hv, i_v,
+                      A, dtb, scale, lower_bound, is_slot, is_h, is_k, is_v, SAVE_INTER, DEFERRED, COMMIT,
+                      T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr):
+    """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
+    token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
+    16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
+    vectors in registers without spilling. Same FP32 formulas as the preloaded path
+    (``o_t = q.S' + beta (q.k) err``); the deferred path's records are written per token."""
+    GK: tl.constexpr = 1 if GATE == 2 else K
+    RW: tl.constexpr = K + GK + 1 + V
+    q, k, v, f, b = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k, m_v, GATE)
+    for t in tl.static_range(T):
+        n = i_b * T + t
+        if t + 1 < T:
+            # next token's loads go out before this token's dependent chain
+            qn, kn, vn, fn, bn = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n + 1, i_h, i_hv, H, HV, K, V, o_k, o_v,
+                                               m_k, m_v, GATE)
+        if L2NORM:
+            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q = q * scale
+        b = 1.0 / (1.0 + tl.exp(-b))
+        if GATE == 1:
+            g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
+        else:
+            g = -A * _softplus(f + dtb)
+        qk = tl.sum(q * k, axis=0)
+        S, Sd, err = _delta_update(S, k, v, tl.exp(g), b)
+        o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
+        tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
+        if SAVE_INTER:
+            islot = tl.load(inter_idx_ptr + n).to(tl.int64)
+            if islot >= 0:
+                p_i = inter_ptr + islot * is_slot + i_hv * is_h + o_k[:, None] * is_k + o_v[None, :] * is_v
+                tl.store(p_i, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
+        if t == 0:
+            if DEFERRED:
+                tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv)
+        else:
+            if DEFERRED:
+                rec = rec_base + ((t - 1) * HV + i_hv) * RW
+                if i_v == 0:
+                    tl.store(rec + o_k, k, mask=m_k)
+                    if GATE == 2:
+                        tl.store(rec + K, g)
+                    else:
+                        tl.store(rec + K + o_k, g, mask=m_k)
+                    tl.store(rec + K + GK, b)
+                tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
+        if t + 1 < T:
+            q, k, v, f, b = qn, kn, vn, fn, bn
+    if COMMIT:
+        tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["r_slot", "flags"])
 def gated_delta_recurrent_kernel(
     q_ptr,  # [N, H, K]   N = B * T tokens, token-major
     k_ptr,  # [N, H, K]
@@ -87,6 +210,7 @@ def gated_delta_recurrent_kernel(
     is_k,
     is_v,
     r_slot,
+    flags,  # FLAG_* bits
     T: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -96,11 +220,161 @@ def gated_delta_recurrent_kernel(
     BV: tl.constexpr,
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
-    SAVE_INTER: tl.constexpr,
-    COMMIT: tl.constexpr,
-    DEFERRED: tl.constexpr,
-    REPLAY_PREV: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
+    TP: tl.constexpr = 1 if T == 1 else (2 if T == 2 else (4 if T <= 4 else (8 if T <= 8 else 16)))
+    TPR: tl.constexpr = 1 if T <= 2 else (2 if T == 3 else (4 if T <= 5 else (8 if T <= 9 else 16)))  # >= T - 1
+    # Runtime mode bits (not constexpr, so verify, snapshots, deferred and fused replay run one
+    # binary: same register layouts, same reduction order, hence bit-exact against each other).
+    COMMIT = (flags & 1) != 0  # FLAG_COMMIT
+    SAVE_INTER = (flags & 2) != 0  # FLAG_SAVE_INTER
+    DEFERRED = (flags & 4) != 0  # FLAG_DEFERRED
+    REPLAY_PREV = (flags & 8) != 0  # FLAG_REPLAY_PREV
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, TP)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_t = o_t < T
+    m_kv = m_k[:, None] & m_v[None, :]
+    m_kt = m_k[:, None] & m_t[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    n_t = i_b * T + o_t  # [TP] token rows of this request
+
+    # 1. The slot (the state load waits on it), then every token's inputs as [BK, TP] /
+    #    [TP, BV] tiles: none depends on the slot, so all are in flight together.
+    slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
+    n_prev = tl.load(accept_prev_ptr + i_b, mask=REPLAY_PREV, other=1).to(tl.int32)  # 1: nothing to replay
+    if PRELOAD:
+        Q = tl.load(q_ptr + (n_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
+        Kt = tl.load(k_ptr + (n_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
+        # values as [TP, BV] (tokens on dim 0): a token's row then has the state's column layout
+        Vt = tl.load(v_ptr + (n_t[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        beta = tl.load(b_ptr + n_t * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        if GATE == 2:
+            Fg = tl.load(f_ptr + n_t * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        else:
+            Fg = tl.load(f_ptr + (n_t[None, :] * HV + i_hv) * K + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
+        islots = tl.load(inter_idx_ptr + n_t, mask=m_t & SAVE_INTER, other=-1).to(tl.int64)
+    A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+    if GATE == 2:
+        dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+    else:
+        dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+
+    if slot < 0:
+        tl.store(o_ptr + (n_t[:, None] * HV + i_hv) * V + o_v[None, :], tl.zeros([TP, BV], dtype=tl.float32).to(o_ptr.dtype.element_ty),
+                 mask=m_tv)
+        return
+
+    p_s = state_ptr + slot * s_slot + i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
+    S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
+    # Deferred commit of the previous window, fused: rebuild its accepted state in
+    # registers (the slot holds its token-0 state) before going on (n_prev = 1: no-op).
+    GKp: tl.constexpr = 1 if GATE == 2 else K
+    S = _replay_accepted(S, replay_prev_ptr + slot * r_slot, n_prev, o_k, o_v, m_k, m_v, T, TPR, HV, i_hv, K, V, GKp)
+
+    if PRELOAD:
+        # 2. Per-token math that does not depend on the state, for all tokens at once.
+        if L2NORM:
+            Q = Q * tl.rsqrt(tl.sum(Q * Q, axis=0) + 1e-6)[None, :]
+            Kt = Kt * tl.rsqrt(tl.sum(Kt * Kt, axis=0) + 1e-6)[None, :]
+        Q = Q * scale
+        beta = 1.0 / (1.0 + tl.exp(-beta))
+        if GATE == 2:
+            G = -A * _softplus(Fg + dtb)
+        elif GATE == 0:
+            G = -A * _softplus(Fg + dtb[:, None])
+        else:
+            G = lower_bound / (1.0 + tl.exp(-A * (Fg + dtb[:, None])))
+        D = tl.exp(G)
+        qk = tl.sum(Q * Kt, axis=0)  # [TP] q_t . k_t, for o_t = q_t.S' + beta_t (q_t.k_t) err_t
+        if DEFERRED:
+            # Tokens 1..T-1 keep only their inputs (k, gate, beta, v tile); written up front.
+            GK: tl.constexpr = 1 if GATE == 2 else K
+            RW: tl.constexpr = K + GK + 1 + V
+            m_r = (o_t >= 1) & m_t
+            rec = replay_ptr + slot * r_slot + ((o_t - 1) * HV + i_hv) * RW  # [TP]
+            if i_v == 0:
+                tl.store(rec[None, :] + o_k[:, None], Kt, mask=m_k[:, None] & m_r[None, :])
+                if GATE == 2:
+                    tl.store(rec + K, G, mask=m_r)
+                else:
+                    tl.store(rec[None, :] + K + o_k[:, None], G, mask=m_k[:, None] & m_r[None, :])
+                tl.store(rec + K + GK, beta, mask=m_r)
+            tl.store(rec[:, None] + (K + GK + 1) + o_v[None, :], Vt, mask=m_r[:, None] & m_v[None, :])
+
+        # 3. The dependent chain: one decay, two K-reductions on the decayed state, one update.
+        O = tl.zeros([TP, BV], dtype=tl.float32)
+        for t in tl.static_range(T):
+            k = _col(Kt, o_t, t)
+            q = _col(Q, o_t, t)
+            b_t = _elem(beta, o_t, t)
+            if GATE == 2:
+                d = _elem(D, o_t, t)
+            else:
+                d = _col(D, o_t, t)
+            S, Sd, err = _delta_update(S, k, _row(Vt, o_t, t), d, b_t)
+            # o_t = q.S_t = q.S' + beta (q.k) err: both K-reductions read S', none waits for the update
+            o = tl.sum(Sd * q[:, None], axis=0) + (b_t * _elem(qk, o_t, t)) * err
+            O = tl.where(o_t[:, None] == t, o[None, :], O)  # kept in the state's column layout; one store below
+            islot = tl.sum(tl.where(o_t == t, islots, 0), axis=0)
+            if islot >= 0:
+                p_i = inter_ptr + islot * is_slot + i_hv * is_h + o_k[:, None] * is_k + o_v[None, :] * is_v
+                tl.store(p_i, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
+            if t == 0:
+                if DEFERRED:
+                    # Token 0 is always accepted: commit its state now.
+                    tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
+        if COMMIT:
+            tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
+        tl.store(o_ptr + (n_t[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o_ptr.dtype.element_ty), mask=m_tv)
+    else:
+        _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, replay_ptr + slot * r_slot,
+                          i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, is_h, is_k, is_v, SAVE_INTER, DEFERRED, COMMIT,
+                          T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
+
+
+@triton.jit
+def gated_delta_verify_wide_kernel(
+    q_ptr,  # [N, H, K]   N = B * T tokens, token-major
+    k_ptr,  # [N, H, K]
+    v_ptr,  # [N, HV, V]
+    f_ptr,  # [N, HV, K] (KDA) or [N, HV] (GDN): raw gate input
+    b_ptr,  # [N, HV] raw beta (sigmoid applied here)
+    o_ptr,  # [N, HV, V] output
+    A_log_ptr,  # [HV]
+    dt_bias_ptr,  # [HV * K] (KDA) or [HV] (GDN)
+    state_ptr,  # state pool, 4-D, strides below
+    state_idx_ptr,  # [B] int slot per request (< 0: padding row)
+    scale,
+    lower_bound,
+    s_slot,
+    s_h,
+    s_k,
+    s_v,
+    T: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    L2NORM: tl.constexpr,
+    COMMIT: tl.constexpr,
+):
+    """Plain verify window (no snapshots, no deferred commit) with wide value tiles over several
+    warps: HEAD ``7a64a90``'s per-token loop (each token's inputs loaded in the loop, ``o_t`` read
+    from the updated state), which the H200 measured faster than the one-warp narrow tiles of
+    :func:`gated_delta_recurrent_kernel` at B >= 32 (docs/kernels.md, 2026-11-30; issue 4).
+    Same arguments and padding rule as that kernel; it is never used for a mode whose states
+    must match a deferred replay bit for bit (those keep one binary, see the module docstring)."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
@@ -121,18 +395,11 @@ def gated_delta_recurrent_kernel(
 
     p_s = state_ptr + slot * s_slot + i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
     S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
-    if REPLAY_PREV:
-        # Deferred commit of the previous window, fused: rebuild its accepted
-        # state in registers (the slot holds its token-0 state) before going on.
-        GKp: tl.constexpr = 1 if GATE == 2 else K
-        S = _replay_accepted(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b), o_k, o_v, m_k, m_v,
-                             T, HV, i_hv, K, V, GKp)
     A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
     if GATE == 2:
         dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
     else:
         dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-
     for t in range(T):
         n = i_b * T + t
         q = tl.load(q_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -144,79 +411,15 @@ def gated_delta_recurrent_kernel(
         beta = tl.load(b_ptr + n * HV + i_hv).to(tl.float32)
         beta = 1.0 / (1.0 + tl.exp(-beta))
         if GATE == 2:
-            a = tl.load(f_ptr + n * HV + i_hv).to(tl.float32)
-            g = -A * _softplus(a + dtb)
+            g = -A * _softplus(tl.load(f_ptr + n * HV + i_hv).to(tl.float32) + dtb)
         else:
             f = tl.load(f_ptr + (n * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
             if GATE == 0:
                 g = -A * _softplus(f + dtb)
             else:
                 g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
-        S = _delta_update(S, k, v, tl.exp(g), beta)
+        S, _, _ = _delta_update(S, k, v, tl.exp(g), beta)
         o = tl.sum(S * (q * scale)[:, None], axis=0)
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
-        if SAVE_INTER:
-            islot = tl.load(inter_idx_ptr + n).to(tl.int64)
-            if islot >= 0:
-                p_i = inter_ptr + islot * is_slot + i_hv * is_h + o_k[:, None] * is_k + o_v[None, :] * is_v
-                tl.store(p_i, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
-        if DEFERRED:
-            if t == 0:
-                # Token 0 is always accepted: commit its state now.
-                tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
-            else:
-                # Later tokens: keep only their inputs (k, decay, beta, v tile).
-                GK: tl.constexpr = 1 if GATE == 2 else K
-                RW: tl.constexpr = K + GK + 1 + V
-                rec = replay_ptr + slot * r_slot + ((t - 1) * HV + i_hv) * RW
-                if i_v == 0:
-                    tl.store(rec + o_k, k, mask=m_k)
-                    if GATE == 2:
-                        tl.store(rec + K, g)
-                    else:
-                        tl.store(rec + K + o_k, g, mask=m_k)
-                    tl.store(rec + K + GK, beta)
-                tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
     if COMMIT:
         tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
-
-
-@triton.jit
-def gated_delta_replay_commit_kernel(
-    state_ptr,  # state pool (4-D, strides below); holds the state after token 0
-    state_idx_ptr,  # [B] slots (< 0: padding row)
-    accept_ptr,  # [B] accepted tokens of the verify window, token 0 included (1..T)
-    replay_ptr,  # [slots, T - 1, HV, RW] inputs stored by the DEFERRED verify
-    s_slot,
-    s_h,
-    s_k,
-    s_v,
-    r_slot,
-    T: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PER_CHANNEL: tl.constexpr,
-):
-    """Rebuild the accepted state: replay tokens 1 .. accept - 1 on the committed
-    state of token 0 with the exact operations of the verify kernel (bit-exact)."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
-    slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
-    n_acc = tl.load(accept_ptr + i_b)
-    if slot < 0 or n_acc <= 1:
-        return
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    GK: tl.constexpr = K if PER_CHANNEL else 1
-    p_s = state_ptr + slot * s_slot + i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
-    S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
-    S = _replay_accepted(S, replay_ptr + slot * r_slot, n_acc, o_k, o_v, m_k, m_v, T, HV, i_hv, K, V, GK)
-    tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
