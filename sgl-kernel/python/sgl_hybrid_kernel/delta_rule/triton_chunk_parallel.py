@@ -57,6 +57,15 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import _softplus
 
 
 @triton.jit
+def _chunk_start(cu_ptr, cidx_ptr, i_c, BT: tl.constexpr):
+    """``(t0, T)`` of global chunk ``i_c`` (``cidx`` row: sequence, chunk in sequence): its first
+    token as an int64 scalar and the tokens from there to its sequence's end (int32)."""
+    i_s = tl.load(cidx_ptr + 2 * i_c)
+    c = tl.load(cidx_ptr + 2 * i_c + 1)
+    return tl.load(cu_ptr + i_s).to(tl.int64) + c * BT, tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+
+
+@triton.jit
 def _dot(a, b, TF32: tl.constexpr):
     if TF32:
         return tl.dot(a, b)
@@ -253,12 +262,9 @@ def chunk_intra_kernel(
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
-    i_s = tl.load(cidx_ptr + 2 * i_c)
-    c = tl.load(cidx_ptr + 2 * i_c + 1)
     # Pointers rebased to the chunk's first token (64-bit scalars); rows below are chunk-local
     # int32 (bos = c = 0), so no tile of 64-bit offsets is ever live (fewer registers).
-    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
-    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT  # tokens from the chunk start on (int32)
+    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
     q_ptr = q_ptr + t0 * (H * K)
     k_ptr = k_ptr + t0 * (H * K)
     v_ptr = v_ptr + t0 * (HV * V)
@@ -412,10 +418,7 @@ def chunk_intra_a_kernel(
     i_hv = tl.program_id(1)
     i = tl.program_id(2)
     i_h = i_hv // (HV // H)
-    i_s = tl.load(cidx_ptr + 2 * i_c)
-    c = tl.load(cidx_ptr + 2 * i_c + 1)
-    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
-    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
     q_ptr = q_ptr + t0 * (H * K)
     k_ptr = k_ptr + t0 * (H * K)
     b_ptr = b_ptr + t0 * HV
@@ -481,10 +484,7 @@ def chunk_intra_solve_kernel(
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
-    i_s = tl.load(cidx_ptr + 2 * i_c)
-    c = tl.load(cidx_ptr + 2 * i_c + 1)
-    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
-    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
     k_ptr = k_ptr + t0 * (H * K)
     v_ptr = v_ptr + t0 * (HV * V)
     b_ptr = b_ptr + t0 * HV
@@ -554,10 +554,7 @@ def chunk_intra_inv_kernel(
     tl.static_assert(BT == 4 * BC, "the inverse kernel is written for four diagonal blocks")
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
-    i_s = tl.load(cidx_ptr + 2 * i_c)
-    c = tl.load(cidx_ptr + 2 * i_c + 1)
-    t0 = tl.load(cu_ptr + i_s).to(tl.int64) + c * BT
-    T = tl.load(cu_ptr + i_s + 1) - tl.load(cu_ptr + i_s) - c * BT
+    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
     a_ptr = a_ptr + t0 * (HV * BT)
     o_c = tl.arange(0, BC)
     A10 = _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC)
