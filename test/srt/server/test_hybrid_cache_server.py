@@ -42,26 +42,28 @@ def ids(seed: int, n: int):
     return [rng.randrange(10, 960) for _ in range(n)]
 
 
-def generate_batch(url, prompts, n=6, timeout=300):
-    """One /generate call with several prompts (they reach the scheduler together)."""
+def _post(url, input_ids, n, timeout):
+    """One /generate call: greedy, ``n`` new tokens; ``input_ids`` one prompt or a list of them."""
     r = requests.post(
         url + "/generate",
-        json={"input_ids": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": n}},
+        json={"input_ids": input_ids, "sampling_params": {"temperature": 0, "max_new_tokens": n}},
         timeout=timeout,
     )
     r.raise_for_status()
-    return [(j["output_ids"], j["meta_info"]["cached_tokens"]) for j in r.json()]
+    return r.json()
+
+
+def _result(j):
+    return j["output_ids"], j["meta_info"]["cached_tokens"]
+
+
+def generate_batch(url, prompts, n=6, timeout=300):
+    """One /generate call with several prompts (they reach the scheduler together)."""
+    return [_result(j) for j in _post(url, prompts, n, timeout)]
 
 
 def generate(url, prompt, n=6, timeout=300):
-    r = requests.post(
-        url + "/generate",
-        json={"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": n}},
-        timeout=timeout,
-    )
-    r.raise_for_status()
-    j = r.json()
-    return j["output_ids"], j["meta_info"]["cached_tokens"]
+    return _result(_post(url, prompt, n, timeout))
 
 
 # (name, prompt) in sending order; built once so both servers see the same prompts
