@@ -366,3 +366,93 @@ def test_wrapper_errors_name_the_argument():
         gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0, 1]), state_layout="kvk")
     with pytest.raises(ValueError, match="state_indices"):
         gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0]))
+
+
+def _fp64_window(q, k, v, f, b, A, dtb, gate, lb, S0):
+    """FP64 recurrence of one request's window from state ``S0`` ``[HV, K, V]``: (o, states after
+    each token) with the kernel's gate, beta and L2 norm applied on the host."""
+    g = gdn_gate(f, A, dtb) if gate == "gdn" else kda_gate(f, A, dtb, lower_bound=lb)
+    T = q.shape[0]
+    o, _, saved = gated_delta_recurrent(l2_norm(q), l2_norm(k), v, g, torch.sigmoid(b), initial_state=S0,
+                                        acc_dtype=torch.float64, save_positions=range(1, T + 1))
+    return o, saved
+
+
+@pytest.mark.parametrize("gate,lb,T,layout,commit", [("gdn", None, 5, "kv", False), ("kda", -5.0, 4, "vk", True),
+                                                     ("kda", None, 3, "kv", True), ("gdn", None, 8, "vk", True)])
+def test_chunk_window_verify_matches_fp64_and_fla(gate, lb, T, layout, commit):
+    """The matrix-core (chunk) form of a verify window (issue 4, ``form="chunk"``) against an FP64
+    recurrence and fla's naive one: GVA for GDN, both pool layouts, a padding row (-1) and a NaN
+    slot nobody names; commit writes the final state, no commit leaves the pool as it was."""
+    gen = torch.Generator().manual_seed(21)
+    B, H, K, V = 3, 2, 16, 32
+    HV = 4 if gate == "gdn" else H
+    q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, gate)
+    kv_pool = torch.randn(5, HV, K, V, generator=gen)
+    kv_pool[1] = NAN
+    pool = kv_pool.clone() if layout == "kv" else kv_pool.transpose(-1, -2).contiguous()
+    idx = torch.tensor([2, -1, 4])
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, form="chunk",
+                                     state_layout=layout, value_tile=16)
+    after = pool if layout == "kv" else pool.transpose(-1, -2)
+    assert (o[T:2 * T] == 0).all() and not o.isnan().any()
+    assert after[1].isnan().all()
+    G = HV // H
+    for i, s in enumerate(idx.tolist()):
+        if s < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        ro, saved = _fp64_window(q[sl], k[sl], v[sl], f[sl], b[sl], A, dtb, gate, lb, kv_pool[s])
+        torch.testing.assert_close(o[sl].double(), ro.double(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(after[s].double(), saved[-1] if commit else kv_pool[s].double(), rtol=1e-5, atol=1e-5)
+        if gate == "gdn":
+            qq, kk = l2_norm(q[sl]).repeat_interleave(G, 1), l2_norm(k[sl]).repeat_interleave(G, 1)
+            fo, _ = naive_recurrent_gated_delta_rule(qq[None], kk[None], v[sl][None], torch.sigmoid(b[sl])[None],
+                                                     gdn_gate(f[sl], A, dtb)[None], initial_state=kv_pool[s][None])
+            torch.testing.assert_close(o[sl], fo[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gate,T", [("gdn", 5), ("kda", 4)])
+def test_chunk_window_deferred_commit_and_fused_replay_match_fp64(gate, T):
+    """Deferred commit in chunk form (issue 4's matrix-core variant): window 1 commits token 0's state
+    and keeps the records (buffers prefilled with NaN), window 2 replays each request's accepted
+    prefix (1..T tokens) inside its own chunk, then ``replay_commit(form="chunk")`` rebuilds window 2's
+    accepted state. Outputs, committed token-0 states and rebuilt states vs an FP64 recurrence."""
+    gen = torch.Generator().manual_seed(22)
+    B, H, HV, K, V = T, 1, 2, 16, 32
+    w1, w2 = _batch(gen, B, T, H, HV, K, V, gate), _batch(gen, B, T, H, HV, K, V, gate)[:5]
+    A, dtb = w1[5], w1[6]
+    pool = torch.randn(B + 2, HV, K, V, generator=gen)
+    idx = torch.arange(B) + 1
+    acc1, acc2 = torch.arange(1, T + 1), torch.arange(T, 0, -1)  # every accepted length in each window
+    gk = 1 if gate == "gdn" else K
+    rb1, rb2 = (torch.full((B + 2, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
+    p = pool.clone()
+    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, replay_buffer=rb1, form="chunk", value_tile=16)
+    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
+                                      form="chunk", value_tile=16)
+    token0 = p.clone()
+    replay_commit(p, idx, acc2, rb2, K, gate, form="chunk", value_tile=16)
+    for i in range(B):
+        sl = slice(i * T, (i + 1) * T)
+        r1, s1 = _fp64_window(*(x[sl] for x in w1[:5]), A, dtb, gate, None, pool[idx[i]])
+        r2, s2 = _fp64_window(*(x[sl] for x in w2), A, dtb, gate, None, s1[acc1[i] - 1])
+        torch.testing.assert_close(o1[sl].double(), r1.double(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(o2[sl].double(), r2.double(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(token0[idx[i]].double(), s2[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(p[idx[i]].double(), s2[acc2[i] - 1], rtol=1e-5, atol=1e-5)
+    untouched = [0, B + 1]
+    torch.testing.assert_close(p[untouched], pool[untouched])
+
+
+def test_chunk_window_refuses_what_it_does_not_serve():
+    gen = torch.Generator().manual_seed(23)
+    q, k, v, f, b, A, dtb = _batch(gen, 1, 9, 1, 1, 16, 16, "gdn")
+    pool = torch.zeros(2, 1, 16, 16)
+    with pytest.raises(ValueError, match="T <= 8"):
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0]), 9, "gdn", form="chunk")
+    with pytest.raises(ValueError, match="inter_state"):
+        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn", form="chunk",
+                                     inter_state=torch.zeros(4, 1, 16, 16), inter_indices=torch.arange(4))
+    with pytest.raises(ValueError, match="form"):
+        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn", form="wy")

@@ -171,6 +171,18 @@ def kernel_configs() -> List[KernelConfig]:
             rec("gdn_verify_t5_bv4_tok", 5, 4, GATE_GDN, gdn, vk, preload=False),
             wide("kda_verify_wide_t4_bv64", 4, GATE_KDA_SAFE, kda, vk), wide("gdn_verify_wide_t5_bv64", 5, GATE_GDN, gdn, vk),
             wide("gdn_verify_wide_t5_bv64_kv", 5, GATE_GDN, gdn, kv)]
+    # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
+    # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
+    from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
+
+    wptrs = ("q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "o_ptr", "state_ptr", "replay_ptr", "replay_prev_ptr")
+    for wname, T, gate, shape, mode in (("kda_window_t4_bv32", 4, GATE_KDA_SAFE, kda, "plain"),
+                                        ("gdn_window_t5_bv32_deferred_fused", 5, GATE_GDN, gdn, "fused")):
+        for targets, warps in ((("gfx942", "gfx950"), 4), (("sm90",), 8)):
+            out.append(KernelConfig(f"{wname}_w{warps}", gated_delta_window_kernel,
+                                    dict(T=T, BV=32, GATE=gate, L2NORM=True, COMMIT=mode == "plain", DEFERRED=mode == "fused",
+                                         REPLAY_PREV=mode == "fused", DOT_PREC="ieee", s_k=1, **shape),
+                                    num_warps=warps, targets=targets, divisible=wptrs + ("s_slot", "s_h", "s_v", "r_slot")))
     for bv in (32, 8):
         out.append(KernelConfig(f"kda_fused_decode_bv{bv}", kda_fused_decode_kernel,
                                 dict(H=12, K=128, V=128, W=4, BK=128, BV=bv, NV=128 // bv, NVP=128 // bv, SAFE_GATE=True),

@@ -19,6 +19,7 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     gated_delta_recurrent_kernel,
     gated_delta_verify_wide_kernel,
 )
+from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
 from sgl_hybrid_kernel.platform import device_platform
 
 
@@ -140,6 +141,8 @@ def gated_delta_recurrent_triton(
     num_warps: Optional[int] = None,
     preload: Optional[bool] = None,
     wide: Optional[bool] = None,
+    form: Optional[str] = None,
+    dot_precision: Optional[str] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -164,6 +167,13 @@ def gated_delta_recurrent_triton(
         wide: plain verify windows only (T > 1, no snapshots, no deferred commit): run
             ``gated_delta_verify_wide_kernel`` (wide multi-warp tiles, HEAD 7a64a90's loop).
             ``None``: :func:`use_wide_verify` when no tile, warp or preload override is given.
+        form: ``"recurrent"`` (token by token, ``gated_delta_recurrent_kernel``) or ``"chunk"``
+            (the window solved in matrix form, ``triton_window.py``; T <= 8, no ``inter_state``;
+            not bit-exact against the recurrent form, checked against FP64; the H200 ran it
+            2-7x slower than the recurrent form, so it is opt-in: docs/kernels.md). ``None``:
+            ``"recurrent"``.
+        dot_precision: chunk form only: ``tl.dot`` input precision (default
+            :func:`window_dot_precision`).
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -226,6 +236,26 @@ def gated_delta_recurrent_triton(
     # of a (shape, dtype, tile) launches the same binary (bit-exact replay, triton_recurrent.py).
     idx_dtype = state_indices.dtype
     plain = T > 1 and not (save or deferred or fused_replay)
+    form = form or "recurrent"
+    if form == "chunk":
+        if save or T > 8:
+            raise ValueError(f"form='chunk' serves windows of T <= 8 without inter_state (T={T}, inter_state={save})")
+        BVc = value_tile or window_value_tile(B, HV, V)
+        gated_delta_window_kernel[(triton.cdiv(V, BVc), B * HV)](
+            q, k, v, f, b, o, A_log, dt_bias, state, state_indices,
+            replay_buffer if deferred else state,
+            replay_prev if fused_replay else state,
+            accept_prev.to(idx_dtype) if fused_replay else state_indices,
+            K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound), *strides(state),
+            replay_buffer.stride(0) if deferred else (replay_prev.stride(0) if fused_replay else 0),
+            T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BVc, GATE=kind, L2NORM=l2norm,
+            COMMIT=commit, DEFERRED=deferred, REPLAY_PREV=fused_replay,
+            DOT_PREC=dot_precision or window_dot_precision(q.device),
+            num_warps=num_warps or window_num_warps(q.device),
+        )
+        return o
+    if form != "recurrent":
+        raise ValueError(f"form must be 'recurrent', 'chunk' or None, got {form!r}")
     if wide is None:
         wide = plain and value_tile is None and num_warps is None and preload is None and use_wide_verify(B, T)
     if wide:
@@ -265,6 +295,24 @@ def gated_delta_recurrent_triton(
 # Plain verify windows from this batch run the wide kernel (H200, 2026-11-30: KDA T=4 B=32 / 128
 # and GDN T=5 B=32 faster there than any spill-free one-warp tile; B=1 slower; in between unmeasured).
 WIDE_VERIFY_MIN_BATCH = 32
+
+
+def window_value_tile(batch: int, num_v_heads: int, head_v_dim: int) -> int:
+    """Value columns per program of the chunk-form window kernel (``tl.dot`` needs >= 16)."""
+    return min(32, max(16, triton.next_power_of_2(head_v_dim)))
+
+
+def window_num_warps(device: torch.device) -> int:
+    """Warps per program of the chunk-form window kernel: the spill-free configurations of the
+    compile gate (32 columns: 4 warps on CDNA, whose FP32 ``tl.dot`` runs on MFMA; 8 on sm_90,
+    whose FP32 ``tl.dot`` is an FMA loop holding whole K strips per thread)."""
+    return 4 if device_platform(device).device == "rocm" else 8
+
+
+def window_dot_precision(device: torch.device) -> str:
+    """``tl.dot`` input precision of the chunk-form window: FP32 (``"ieee"``) on every platform
+    (split TF32, ``"tf32x3"``, was faster on the H200 but spills at every spill-free tile)."""
+    return "ieee"
 
 
 def use_wide_verify(batch: int, tokens: int) -> bool:
@@ -307,6 +355,7 @@ def replay_commit(
     activation_dtype: torch.dtype = torch.bfloat16,
     lower_bound: Optional[float] = None,
     l2norm: bool = True,
+    form: Optional[str] = None,
 ) -> None:
     """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
 
@@ -327,6 +376,8 @@ def replay_commit(
         value_tile, num_warps, preload: the verify call's (``None``: the same defaults).
         num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
         activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
+        form: the verify's ``form`` (``"chunk"``: the replay runs the chunk-form window kernel,
+            equal to the recurrent replay to FP32 rounding, not bit for bit).
 
     Raises:
         ValueError: ``gate`` unknown or the buffer's row width does not fit ``head_k_dim``.
@@ -350,5 +401,5 @@ def replay_commit(
     dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
     gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
                                  state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
-                                 preload=preload,
+                                 preload=preload, form=form,
                                  out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)
