@@ -110,10 +110,11 @@ def test_kda_verify_per_token_inputs_match_fla_naive():
         torch.testing.assert_close(pool[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gate,commit", [("kda", True), ("gdn", False)])
-def test_wide_verify_kernel_matches_fla_naive(gate, commit):
-    """The plain-verify kernel for B >= 32 (``wide=True``: HEAD 7a64a90's per-token loop, wide
-    multi-warp tiles) against fla's naive recurrences, GVA for GDN, a padding row, commit or not."""
+@pytest.mark.parametrize("gate,commit,prefetch", [("kda", True, False), ("gdn", False, False), ("kda", False, True),
+                                                  ("gdn", True, True)])
+def test_wide_verify_kernel_matches_fla_naive(gate, commit, prefetch):
+    """The verify kernel (``wide=True``: per-token inputs, HEAD 7a64a90's loop or, with ``PREFETCH``,
+    inputs one token ahead) against fla's naive recurrences, GVA for GDN, a padding row, commit or not."""
     gen = torch.Generator().manual_seed(13)
     B, T, H, K, V = 3, 4, 2, 16, 32
     HV = 4 if gate == "gdn" else H
@@ -122,7 +123,8 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
     before = pool.clone()
     idx = torch.tensor([2, -1, 4])
     lb = -5.0 if gate == "kda" else None
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16)
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16,
+                                     wide_prefetch=prefetch)
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -139,15 +141,16 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
                                                       output_final_state=True)
         torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(pool[s], rS[0] if commit else before[s], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="wide"):
-        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, wide=True,
-                                     replay_buffer=torch.zeros(5, T - 1, HV, K + (K if gate == "kda" else 1) + 1 + V))
+    with pytest.raises(ValueError, match="wide"):  # decode is not a verify window
+        gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, gate, lb, wide=True)
 
 
-def test_plain_verify_from_batch_32_takes_the_wide_kernel_other_modes_do_not(monkeypatch):
-    """Default routing (H200 sweep, docs/kernels.md 2026-11-30): plain verify windows at B >= 32 run
-    the wide kernel (64 columns, 4 warps); snapshots and deferred modes keep the one-warp kernel
-    (one binary for every mode that deferred replay must match bit for bit); B=1 never goes wide."""
+def test_every_verify_mode_takes_the_one_warp_verify_kernel_decode_does_not(monkeypatch):
+    """Default routing (H200 sweeps, docs/kernels.md 2026-11-30): every verify window runs
+    ``gated_delta_verify_wide_kernel`` with one warp. Plain windows (commit or not) its ``PLAIN``
+    binary: 4 columns at B=1, 16 from B=32 (decode's wave rule). Snapshots and deferred commit its
+    all-modes binary: 4 / 8 columns. Inputs one token ahead in both. Decode and an explicit
+    ``preload`` keep the register-tile kernel."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
 
     calls = []
@@ -157,13 +160,14 @@ def test_plain_verify_from_batch_32_takes_the_wide_kernel_other_modes_do_not(mon
             self.name = name
 
         def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((self.name, kw["BV"], kw["num_warps"]))
+            return lambda *a, **kw: calls.append((self.name, kw["BV"], kw["num_warps"], kw.get("PREFETCH", kw.get("PRELOAD")),
+                                                  kw.get("PLAIN")))
 
     monkeypatch.setattr(rec, "gated_delta_recurrent_kernel", Spy("narrow"))
     monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy("wide"))
     gen = torch.Generator().manual_seed(14)
     T, H, K, V = 4, 12, 128, 128
-    for B in (1, 32):
+    for B in (1, 32, 128):
         q, k, v, f, b, A, dtb = _batch(gen, B, T, H, H, K, V, "kda")
         pool, idx = torch.zeros(B, H, V, K), torch.arange(B)
         run = lambda **kw: gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", **kw)  # noqa: E731
@@ -171,14 +175,22 @@ def test_plain_verify_from_batch_32_takes_the_wide_kernel_other_modes_do_not(mon
         run(commit=True)
         run(commit=False, inter_state=torch.zeros(B * T, H, V, K), inter_indices=torch.arange(B * T))
         run(replay_buffer=torch.zeros(B, T - 1, H, K + K + 1 + V))
-        run(commit=False, value_tile=8)  # an explicit tile keeps the one-warp kernel
-    assert calls == [("narrow", 4, 1)] * 4 + [("narrow", 8, 1)] + [("wide", 64, 4)] * 2 + [("narrow", 4, 1)] * 2 + [("narrow", 8, 1)]
+        run(commit=False, preload=True)  # that kernel's knob: the register-tile kernel
+    gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, "kda", -5.0, state_layout="vk")
+    plain, modes, narrow = [("wide", 4, 1, True, True)] * 2, [("wide", 4, 1, True, False)] * 2, [("narrow", 4, 1, True, None)]
+    b32 = [("wide", 16, 1, True, True)] * 2 + [("wide", 8, 1, True, False)] * 2
+    b128 = [("wide", 16, 1, True, True)] * 2 + [("wide", 8, 1, True, False)] * 2
+    assert calls == plain + modes + narrow + b32 + narrow + b128 + narrow + [("narrow", 16, 1, True, None)]
 
 
-@pytest.mark.parametrize("gate,preload", [("gdn", True), ("kda", True), ("gdn", False), ("kda", False)])
+@pytest.mark.parametrize("gate,preload", [("gdn", True), ("kda", True), ("gdn", False), ("kda", False), ("gdn", None),
+                                          ("kda", None), ("gdn", "loop"), ("kda", "loop")])
 def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
     """Seeds digest item 12: the scalar replay equals writing every snapshot, bit for bit,
-    both as a separate commit and fused into the next window (both input paths)."""
+    both as a separate commit and fused into the next window (``preload`` True / False: both input
+    paths of the register-tile kernel; ``None``: the default one-warp verify kernel, inputs one token
+    ahead; ``"loop"``: the same kernel's plain loop, ``wide_prefetch=False``)."""
+    kw = dict(wide_prefetch=False) if preload == "loop" else dict(preload=preload)
     gen = torch.Generator().manual_seed(3)
     B, T, H, HV, K, V = 3, 4, 2, 4, 16, 8
     w1 = _batch(gen, B, T, H, HV, K, V, gate)
@@ -191,18 +203,18 @@ def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
     # snapshots: window 1, keep the accepted state, window 2
     p_snap, inter = pool.clone(), torch.zeros(N, HV, K, V)
     o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N),
-                                      preload=preload)
+                                      **kw)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc1.tolist())):
         p_snap[s] = inter[i * T + a - 1]
     o2 = gated_delta_recurrent_triton(*w2, A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N),
-                                      preload=preload)
+                                      **kw)
     # deferred: separate commit after window 1, fused replay into window 2, commit after window 2
     p_def = pool.clone()
     rb1, rb2 = torch.zeros(6, T - 1, HV, K + gk + 1 + V), torch.zeros(6, T - 1, HV, K + gk + 1 + V)
-    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, preload=preload)
+    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, **kw)
     d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
-                                      preload=preload)
-    replay_commit(p_def, idx, acc2, rb2, K, gate, preload=preload)
+                                      **kw)
+    replay_commit(p_def, idx, acc2, rb2, K, gate, **kw)
     assert torch.equal(o1, d1) and torch.equal(o2, d2)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
         assert torch.equal(p_def[s], inter[i * T + a - 1])
@@ -238,9 +250,10 @@ def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
 
 
 def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
-    """Bit-exact deferred commit on a GPU rests on verify, snapshots, deferred and fused replay
-    running the same compiled kernel (same register layouts, so the same reduction order): the
-    modes differ only in the runtime ``flags``, never in a constexpr or a pointer's dtype."""
+    """Bit-exact deferred commit on a GPU rests on snapshots, deferred verify, fused replay and
+    ``replay_commit`` running the same compiled kernel (same register layouts, so the same
+    reduction order): the modes differ only in the runtime ``flags``, never in a constexpr or a
+    pointer's dtype."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
 
     launches = []
@@ -249,28 +262,41 @@ def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kw: launches.append((grid, [getattr(a, "dtype", type(a)) for a in args[:-1]], kw, args[-1]))
 
-    monkeypatch.setattr(rec, "gated_delta_recurrent_kernel", Spy())
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())  # every verify mode's default kernel
     gen = torch.Generator().manual_seed(9)
     B, T, H, HV, K, V = 2, 4, 1, 2, 16, 16
     q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, "kda")
     pool, idx = torch.zeros(4, HV, V, K), torch.tensor([0, 3])
     rb1, rb2 = (torch.zeros(4, T - 1, HV, K + K + 1 + V) for _ in range(2))
     run = lambda **kw: gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", **kw)  # noqa: E731
-    run(commit=False)
-    run(commit=True)
     run(commit=False, inter_state=torch.zeros(B * T, HV, V, K), inter_indices=torch.arange(B * T))  # int64 like idx
     run(replay_buffer=rb1)
     run(replay_buffer=rb2, replay_prev=rb1, accept_prev=torch.tensor([1, 3], dtype=torch.int32))
-    assert [flags for *_, flags in launches] == [0, 1, 2, 4, 12]
+    replay_commit(pool, idx, torch.tensor([2, 4]), rb2, K, "kda", state_layout="vk", num_k_heads=H, activation_dtype=q.dtype,
+                  lower_bound=-5.0)
+    assert [flags for *_, flags in launches] == [2, 4, 12, 9]
     grids, dtypes, constexprs = {g for g, *_ in launches}, {tuple(d) for _, d, _, _ in launches}, [kw for _, _, kw, _ in launches]
     assert len(grids) == 1 and len(dtypes) == 1 and all(kw == constexprs[0] for kw in constexprs)
-    assert constexprs[0]["num_warps"] == 1 and constexprs[0]["BV"] == 4  # the H200 verify tile (pick_value_tile)
+    assert constexprs[0]["num_warps"] == 1 and constexprs[0]["BV"] == 4 and constexprs[0]["PLAIN"] is False
+    # plain windows (nothing replays them) take the PLAIN binary
+    launches.clear()
+    run(commit=False)
+    run(commit=True)
+    assert [flags for *_, flags in launches] == [0, 1] and all(kw["PLAIN"] is True for _, _, kw, _ in launches)
 
 
 def test_default_tiles_and_warps_follow_the_h200_sweep():
     """Issue 4 sweep (docs/kernels.md): one warp per program; decode 16 columns (4 at B=1, to fill
-    the GPU), verify 4 columns with per-channel decay, 8 with per-head decay or a K-major pool."""
-    from sgl_hybrid_kernel.delta_rule.recurrent import pick_value_tile, recurrent_num_warps, recurrent_preload
+    the GPU); the verify kernel's plain windows the same rule (8 at least on a K-major pool), its
+    all-modes binary 8 columns (16 K-major) halved under 8 waves; the register-tile kernel's verify
+    tiles (explicit ``preload``) 4 columns with per-channel decay, 8 with per-head decay or K-major."""
+    from sgl_hybrid_kernel.delta_rule.recurrent import (pick_deferred_tile, pick_value_tile, pick_wide_tile, recurrent_num_warps,
+                                                        recurrent_preload)
+
+    assert [pick_wide_tile(b, 12, 128) for b in (1, 32, 128)] == [4, 16, 16]
+    assert [pick_wide_tile(1, 48, 128), pick_wide_tile(32, 48, 128), pick_wide_tile(1, 4, 128, "kv")] == [16, 16, 8]
+    assert [pick_deferred_tile(b, 12, 128) for b in (1, 8, 32)] == [4, 8, 8]
+    assert [pick_deferred_tile(1, 48, 128), pick_deferred_tile(32, 48, 128), pick_deferred_tile(32, 48, 128, "kv")] == [4, 8, 16]
 
     assert [pick_value_tile(b, 12, 128) for b in (1, 32, 128)] == [4, 16, 16]
     assert [pick_value_tile(b, 12, 128, 4, per_channel_decay=True) for b in (1, 32)] == [4, 4]

@@ -143,6 +143,7 @@ def gated_delta_recurrent_triton(
     wide: Optional[bool] = None,
     form: Optional[str] = None,
     dot_precision: Optional[str] = None,
+    wide_prefetch: Optional[bool] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -164,9 +165,14 @@ def gated_delta_recurrent_triton(
         num_warps: warps per program override (default :func:`recurrent_num_warps`).
         preload: load every token's inputs as register tiles before the chain (``True``) or
             each token's one token ahead (``False``); default :func:`recurrent_preload`.
-        wide: plain verify windows only (T > 1, no snapshots, no deferred commit): run
-            ``gated_delta_verify_wide_kernel`` (wide multi-warp tiles, HEAD 7a64a90's loop).
-            ``None``: :func:`use_wide_verify` when no tile, warp or preload override is given.
+        wide_prefetch: the verify kernel's ``PREFETCH`` (default ``True``: each token's inputs loaded
+            one token ahead of its chain; ``False``: in its own iteration, HEAD 7a64a90's loop).
+        wide: verify windows only (T > 1), every mode: run ``gated_delta_verify_wide_kernel``
+            (per-token inputs, one warp, :func:`pick_wide_tile` columns) instead of the
+            register-tile ``gated_delta_recurrent_kernel``. ``None``: :func:`use_wide_verify`
+            unless ``preload`` (that kernel's knob) is given. Every call of one window (verify,
+            next window's fused replay, :func:`replay_commit`) must take the same kernel for the
+            replay to be bit-exact; the defaults do.
         form: ``"recurrent"`` (token by token, ``gated_delta_recurrent_kernel``) or ``"chunk"``
             (the window solved in matrix form, ``triton_window.py``; T <= 8, no ``inter_state``;
             not bit-exact against the recurrent form, checked against FP64; the H200 ran it
@@ -235,7 +241,6 @@ def gated_delta_recurrent_triton(
     # Index tensors share state_indices' dtype and stand-ins replace absent buffers, so every mode
     # of a (shape, dtype, tile) launches the same binary (bit-exact replay, triton_recurrent.py).
     idx_dtype = state_indices.dtype
-    plain = T > 1 and not (save or deferred or fused_replay)
     form = form or "recurrent"
     if form == "chunk":
         if save or T > 8:
@@ -257,20 +262,27 @@ def gated_delta_recurrent_triton(
     if form != "recurrent":
         raise ValueError(f"form must be 'recurrent', 'chunk' or None, got {form!r}")
     if wide is None:
-        wide = plain and value_tile is None and num_warps is None and preload is None and use_wide_verify(B, T)
+        wide = preload is None and use_wide_verify(B, T)
+    if wide and T == 1:
+        raise ValueError("wide=True serves verify windows (tokens_per_request > 1); decode runs the one-warp kernel")
+    tuning = device_value_tile_tuning(q.device)
     if wide:
-        if not plain:
-            raise ValueError("wide=True serves plain verify windows only (T > 1, no inter_state / replay buffers)")
-        BV = value_tile or min(64 if state_layout == "vk" or B * HV >= 512 else 32, triton.next_power_of_2(V))
-        gated_delta_verify_wide_kernel[(triton.cdiv(V, BV), B * HV)](
-            q, k, v, f, b, o, A_log, dt_bias, state, state_indices,
-            K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound), *strides(state),
-            T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, GATE=kind, L2NORM=l2norm, COMMIT=commit,
-            num_warps=num_warps or (4 if BV >= 16 else 2),
-        )
-        return o
+        if save and strides(inter_state)[1:] != strides(state)[1:]:
+            raise ValueError(f"inter_state: the verify kernel needs the state pool's per-slot strides "
+                             f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
+        plain = not (save or deferred or fused_replay)
+        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning) if plain
+                            else pick_deferred_tile(B, HV, V, state_layout, tuning))
+        # inputs one token ahead: faster in every row of the H200 sweep (2026-11-30), plain or not
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PREFETCH=True if wide_prefetch is None else bool(wide_prefetch),
+                                                             PLAIN=plain)
+        warps = num_warps or 1
+    else:
+        kernel = gated_delta_recurrent_kernel
+        extra = dict(PRELOAD=recurrent_preload(BV, T, kind != GATE_GDN) if preload is None else bool(preload))
+        warps = num_warps or recurrent_num_warps(BV, T, state_layout)
     grid = (triton.cdiv(V, BV), B * HV)
-    gated_delta_recurrent_kernel[grid](
+    kernel[grid](
         q, k, v, f, b, o,
         A_log, dt_bias,
         state, state_indices,
@@ -286,15 +298,10 @@ def gated_delta_recurrent_triton(
         flags,
         T=T, H=H, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BV=BV,
-        GATE=kind, L2NORM=l2norm, PRELOAD=recurrent_preload(BV, T, kind != GATE_GDN) if preload is None else bool(preload),
-        num_warps=num_warps or recurrent_num_warps(BV, T, state_layout),
+        GATE=kind, L2NORM=l2norm, **extra,
+        num_warps=warps,
     )
     return o
-
-
-# Plain verify windows from this batch run the wide kernel (H200, 2026-11-30: KDA T=4 B=32 / 128
-# and GDN T=5 B=32 faster there than any spill-free one-warp tile; B=1 slower; in between unmeasured).
-WIDE_VERIFY_MIN_BATCH = 32
 
 
 def window_value_tile(batch: int, num_v_heads: int, head_v_dim: int) -> int:
@@ -316,9 +323,39 @@ def window_dot_precision(device: torch.device) -> str:
 
 
 def use_wide_verify(batch: int, tokens: int) -> bool:
-    """Whether a plain verify window (no snapshots, no deferred commit) of ``batch`` requests
-    runs ``gated_delta_verify_wide_kernel`` by default (:data:`WIDE_VERIFY_MIN_BATCH`)."""
-    return tokens > 1 and batch >= WIDE_VERIFY_MIN_BATCH
+    """Whether a verify window runs ``gated_delta_verify_wide_kernel`` by default: every window
+    with ``tokens > 1``, in every mode (plain, snapshots, deferred commit, fused replay), so all
+    modes of a window share one binary. H200, 2026-11-30 (docs/kernels.md): one-warp programs of
+    that kernel were 1.2-1.6x faster than the register-tile form at B = 1, 32, 128."""
+    return tokens > 1
+
+
+def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
+                   tuning: Optional[ValueTileTuning] = None) -> int:
+    """Value columns per one-warp program of the verify kernel: decode's rule (16 columns,
+    halved while ``B * HV * V / BV`` programs fall short of ``tuning.waves`` waves; 8 at least
+    for the K-major pool, whose rows are then one 32-byte sector). H200: B=1 -> 4, B >= 32 -> 16
+    (Kimi K3 TP8 and Qwen3.8 shapes)."""
+    tuning = tuning or INTERPRETER_TUNING
+    floor = 8 if state_layout == "kv" else 4
+    bv = 16
+    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.waves * tuning.num_compute_units:
+        bv //= 2
+    return min(bv, triton.next_power_of_2(head_v_dim))
+
+
+def pick_deferred_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
+                       tuning: Optional[ValueTileTuning] = None) -> int:
+    """Value columns per one-warp program of the verify kernel's all-modes binary (snapshots,
+    deferred commit, fused replay, :func:`replay_commit`): 8 (16 on a K-major pool), halved while
+    the grid is under 8 waves of ``tuning.num_compute_units``. H200, 2026-11-30, GDN T=5: B=32
+    8 columns (deferred 117 / fused 134 us vs 123 / 146 at 16), K-major 16 (130 vs 157 at 8), B=1
+    4 (7.8 vs 8.1 us at 8)."""
+    tuning = tuning or INTERPRETER_TUNING
+    bv, floor = (16, 8) if state_layout == "kv" else (8, 4)
+    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < 8 * tuning.num_compute_units:
+        bv //= 2
+    return min(bv, triton.next_power_of_2(head_v_dim))
 
 
 def recurrent_preload(bv: int, tokens: int = 1, per_channel_decay: bool = True) -> bool:
@@ -356,6 +393,7 @@ def replay_commit(
     lower_bound: Optional[float] = None,
     l2norm: bool = True,
     form: Optional[str] = None,
+    wide_prefetch: Optional[bool] = None,
 ) -> None:
     """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
 
@@ -373,7 +411,7 @@ def replay_commit(
         accept_lens: ``[B]`` accepted tokens of the window, token 0 included (1..T).
         replay_buffer: the buffer the DEFERRED verify filled, ``[slots, T - 1, HV, RW]``.
         head_k_dim: ``K``; gate: ``"kda"`` or ``"gdn"``.
-        value_tile, num_warps, preload: the verify call's (``None``: the same defaults).
+        value_tile, num_warps, preload, wide_prefetch: the verify call's (``None``: the same defaults).
         num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
         activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
         form: the verify's ``form`` (``"chunk"``: the replay runs the chunk-form window kernel,
@@ -401,5 +439,5 @@ def replay_commit(
     dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
     gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
                                  state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
-                                 preload=preload, form=form,
+                                 preload=preload, form=form, wide_prefetch=wide_prefetch,
                                  out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)

@@ -127,14 +127,15 @@ def _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n, i_h, i_hv, H: tl.constex
 
 @triton.jit
 def _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b, i_h, i_hv, i_v,
-                      A, dtb, scale, lower_bound, is_slot, is_h, is_k, is_v, SAVE_INTER, DEFERRED, COMMIT,
+                      A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
     token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
     vectors in registers without spilling. Same FP32 formulas as the preloaded path
-    (``o_t = q.S' + beta (q.k) err``); the deferred path's records are written per token."""
+    (``o_t = q.S' + beta (q.k) err``); the deferred path's records are written per token.
+    ``off_i``: the ``[BK, BV]`` element offsets of this tile inside a snapshot slot."""
     GK: tl.constexpr = 1 if GATE == 2 else K
     RW: tl.constexpr = K + GK + 1 + V
     q, k, v, f, b = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k, m_v, GATE)
@@ -160,8 +161,7 @@ def _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_pt
         if SAVE_INTER:
             islot = tl.load(inter_idx_ptr + n).to(tl.int64)
             if islot >= 0:
-                p_i = inter_ptr + islot * is_slot + i_hv * is_h + o_k[:, None] * is_k + o_v[None, :] * is_v
-                tl.store(p_i, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
+                tl.store(inter_ptr + islot * is_slot + off_i, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
         if t == 0:
             if DEFERRED:
                 tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv)
@@ -336,11 +336,29 @@ def gated_delta_recurrent_kernel(
         tl.store(o_ptr + (n_t[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o_ptr.dtype.element_ty), mask=m_tv)
     else:
         _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, replay_ptr + slot * r_slot,
-                          i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, is_h, is_k, is_v, SAVE_INTER, DEFERRED, COMMIT,
+                          i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot,
+                          i_hv * is_h + o_k[:, None] * is_k + o_v[None, :] * is_v, SAVE_INTER, DEFERRED, COMMIT,
                           T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
 
 
 @triton.jit
+def _replay_records(S, rec_base, n_acc, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    GK: tl.constexpr):
+    """Apply tokens 1 .. n_acc - 1 of a deferred window from their records, one record per
+    iteration of a runtime loop (no record tiles held in registers)."""
+    RW: tl.constexpr = K + GK + 1 + V
+    for r in range(n_acc - 1):
+        rec = rec_base + (r * HV + i_hv) * RW
+        k = tl.load(rec + o_k, mask=m_k, other=0.0)
+        if GK == 1:
+            d = tl.exp(tl.load(rec + K))
+        else:
+            d = tl.exp(tl.load(rec + K + o_k, mask=m_k, other=0.0))
+        S, _, _ = _delta_update(S, k, tl.load(rec + K + GK + 1 + o_v, mask=m_v, other=0.0), d, tl.load(rec + K + GK))
+    return S
+
+
+@triton.jit(do_not_specialize=["r_slot", "flags"])
 def gated_delta_verify_wide_kernel(
     q_ptr,  # [N, H, K]   N = B * T tokens, token-major
     k_ptr,  # [N, H, K]
@@ -352,12 +370,23 @@ def gated_delta_verify_wide_kernel(
     dt_bias_ptr,  # [HV * K] (KDA) or [HV] (GDN)
     state_ptr,  # state pool, 4-D, strides below
     state_idx_ptr,  # [B] int slot per request (< 0: padding row)
+    inter_ptr,  # intermediate-state pool (FLAG_SAVE_INTER), 4-D, the state pool's per-slot strides
+    inter_idx_ptr,  # [N] int slot per token (< 0: do not save)
+    replay_ptr,  # FLAG_DEFERRED: [slots, T - 1, HV, RW] records of tokens 1..T-1
+    replay_prev_ptr,  # FLAG_REPLAY_PREV: the previous window's records (the other buffer of a ping-pong pair)
+    accept_prev_ptr,  # FLAG_REPLAY_PREV: [B] tokens accepted of the previous window (1..T)
     scale,
     lower_bound,
     s_slot,
     s_h,
-    s_k,
-    s_v,
+    s_k: tl.constexpr,  # the tile's two strides are compile-time constants: per-element addresses
+    s_v: tl.constexpr,  # then fold into immediate offsets (sm_90: 255 -> 128-168 registers)
+    is_slot,
+    is_h,
+    is_k,
+    is_v,
+    r_slot,
+    flags,  # FLAG_* bits
     T: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -367,14 +396,32 @@ def gated_delta_verify_wide_kernel(
     BV: tl.constexpr,
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
-    COMMIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PLAIN: tl.constexpr,
 ):
-    """Plain verify window (no snapshots, no deferred commit) with wide value tiles over several
-    warps: HEAD ``7a64a90``'s per-token loop (each token's inputs loaded in the loop, ``o_t`` read
-    from the updated state), which the H200 measured faster than the one-warp narrow tiles of
-    :func:`gated_delta_recurrent_kernel` at B >= 32 (docs/kernels.md, 2026-11-30; issue 4).
-    Same arguments and padding rule as that kernel; it is never used for a mode whose states
-    must match a deferred replay bit for bit (those keep one binary, see the module docstring)."""
+    """Verify window (T > 1) in every mode -- plain, snapshots, deferred commit, fused replay --
+    with the lean per-token form: no per-token input tiles in registers, the previous window's
+    records replayed one per iteration of a runtime loop, each token's inputs loaded in its own
+    iteration (``PREFETCH=False``, HEAD 7a64a90's loop, ``o_t`` read from the updated state) or one
+    token ahead of its chain (``PREFETCH=True``, :func:`_verify_per_token`). The mode is the
+    runtime ``flags`` argument, as in :func:`gated_delta_recurrent_kernel`, so every mode of a
+    window (and :func:`recurrent.replay_commit`) runs one binary and a deferred replay equals
+    the snapshot path bit for bit. One warp per program by default (H200, 2026-11-30: 1.3-1.4x
+    faster than this loop at 4 warps / 64 columns, and than the register-tile form of
+    :func:`gated_delta_recurrent_kernel`, whose tiles cost 160-255 registers). Same arguments
+    and padding rule as that kernel.
+
+    ``PLAIN`` (constexpr) compiles the snapshot, deferred and replay paths out, for plain verify
+    windows (``flags`` then only says whether to commit): straight-line code whose next-token
+    loads the compiler hoists, 1.3-1.6x faster on the H200 than the all-modes binary. A plain
+    window's outputs then equal the all-modes binary's to FP32 rounding, not bit for bit; nothing
+    replays a plain window."""
+    COMMIT = (flags & 1) != 0  # FLAG_COMMIT
+    SAVE_INTER = (flags & 2) != 0  # FLAG_SAVE_INTER
+    DEFERRED = (flags & 4) != 0  # FLAG_DEFERRED
+    REPLAY_PREV = (flags & 8) != 0  # FLAG_REPLAY_PREV
+    GK: tl.constexpr = 1 if GATE == 2 else K
+    RW: tl.constexpr = K + GK + 1 + V
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
@@ -393,13 +440,30 @@ def gated_delta_verify_wide_kernel(
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty), mask=m_v)
         return
 
-    p_s = state_ptr + slot * s_slot + i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
+    # one offset tile for the state slot and the snapshot slots (same per-slot layout, checked by
+    # the wrapper): a second per-element pointer tile would be hoisted out of the token loop and
+    # cost ~90 registers on sm_90
+    off = i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
+    p_s = state_ptr + slot * s_slot + off
     S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
     A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
     if GATE == 2:
         dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
     else:
         dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    if PLAIN:
+        SAVE_INTER = False
+        DEFERRED = False
+    elif REPLAY_PREV:
+        # deferred commit of the previous window, fused: the slot holds its token-0 state
+        S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
+                            m_k, m_v, HV, K, V, GK)
+    rec_base = replay_ptr + slot * r_slot
+    if PREFETCH:
+        _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b, i_h, i_hv,
+                          i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER, DEFERRED, COMMIT, T, H, HV, K,
+                          V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
+        return
     for t in range(T):
         n = i_b * T + t
         q = tl.load(q_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
@@ -421,5 +485,22 @@ def gated_delta_verify_wide_kernel(
         S, _, _ = _delta_update(S, k, v, tl.exp(g), beta)
         o = tl.sum(S * (q * scale)[:, None], axis=0)
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
+        if SAVE_INTER:
+            islot = tl.load(inter_idx_ptr + n).to(tl.int64)
+            if islot >= 0:
+                tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
+        if DEFERRED:
+            if t == 0:
+                tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv)  # token 0 is always accepted
+            else:
+                rec = rec_base + ((t - 1) * HV + i_hv) * RW
+                if i_v == 0:
+                    tl.store(rec + o_k, k, mask=m_k)
+                    if GATE == 2:
+                        tl.store(rec + K, g)
+                    else:
+                        tl.store(rec + K + o_k, g, mask=m_k)
+                    tl.store(rec + K + GK, beta)
+                tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
     if COMMIT:
         tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
