@@ -119,3 +119,48 @@ def test_dispatcher_hook_installs_our_kernel_only_for_sgl_hybrid():
     fake_exec.mamba.linear_attn_backend = "sgl_hybird"
     with mock.patch("sglang.srt.runtime_context.get_exec", return_value=fake_exec), pytest.raises(ValueError, match="sgl_hybird"):
         kda_kernel._around_dispatcher_init(original, FakeDispatcher(), custom, custom, triton)
+
+
+@pytest.mark.parametrize("force_triton", [True, False])
+def test_extend_takes_host_lengths_and_prefix_flags_from_upstream(force_triton):
+    """Upstream's KDA extend passes ``extend_seq_lens_cpu`` (a host list) and ``extend_prefix_lens``
+    (a device tensor): the lengths are taken from the list, a sequence with no prefix starts from
+    zeros (its slot's old contents, NaN here, must not leak), one with a prefix from its slot."""
+    gen = torch.Generator().manual_seed(6)
+    lens = [70, 9]
+    N = sum(lens)
+    qsl = torch.tensor([0, 70, 79], dtype=torch.int32)
+    q, k, v = (torch.randn(1, N, H, K, generator=gen) for _ in range(3))
+    g, beta = torch.randn(1, N, H, K, generator=gen), torch.randn(1, N, H, generator=gen)
+    A_log, dt_bias = _params(gen)
+    pool = torch.randn(3, H, K, K, generator=gen)
+    pool[2] = float("nan")
+    ref_pool = pool.clone()
+    idx = torch.tensor([0, 2], dtype=torch.int32)
+    o = SglHybridKDAKernel(force_triton).extend(
+        q, k, v, g, beta, ssm_states=pool, cache_indices=idx, query_start_loc=qsl, A_log=A_log, dt_bias=dt_bias,
+        lower_bound=LB, beta_is_raw=True, extend_seq_lens_cpu=lens, extend_prefix_lens=torch.tensor([64, 0]))
+    assert not o.isnan().any()
+    for i, s in enumerate(idx.tolist()):
+        sl = slice(int(qsl[i]), int(qsl[i + 1]))
+        gg = kda_gate(g[0, sl], A_log.reshape(-1), dt_bias, LB)
+        ro, rS, _ = gated_delta_recurrent(l2_norm(q[0, sl]), l2_norm(k[0, sl]), v[0, sl], gg, torch.sigmoid(beta[0, sl]),
+                                          initial_state=ref_pool[s].transpose(-1, -2) if i == 0 else None)
+        torch.testing.assert_close(o[0, sl], ro, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(pool[s].transpose(-1, -2), rS, rtol=1e-4, atol=1e-4)
+
+
+def test_extend_host_inputs_do_not_read_the_device():
+    """``extend_lengths`` with upstream's host list and ``initial_state_flags`` never read device
+    tensors on the host (a meta tensor raises on any read): no sync per layer on a GPU; a list of
+    the wrong length falls back to reading ``cu``."""
+    from sglang_hybrid.layers.attention.delta_rule_common import extend_lengths, initial_state_flags
+
+    cu_meta = torch.empty(4, dtype=torch.int32, device="meta")
+    assert extend_lengths(cu_meta, [3, 0, 5]) == [3, 0, 5]
+    flags = initial_state_flags(torch.empty(3, dtype=torch.int64, device="meta"), 3, torch.device("meta"))
+    assert flags.device.type == "meta" and flags.dtype == torch.int32 and flags.shape == (3,)
+    assert initial_state_flags(torch.tensor([5, 0, 1]), 3, torch.device("cpu")).tolist() == [1, 0, 1]
+    assert extend_lengths(torch.tensor([0, 3, 3, 8], dtype=torch.int32), [1, 2]) == [3, 0, 5]
+    with pytest.raises((NotImplementedError, RuntimeError)):  # without the list: one read of cu
+        extend_lengths(cu_meta, None)

@@ -102,3 +102,22 @@ def test_upstream_ring_extras_go_to_upstream_kernel(monkeypatch):
         intermediate_states_buffer=torch.zeros(2, 1, H, K, K), intermediate_state_indices=torch.tensor([0, 1]),
         cache_steps=1, retrieve_parent_token=None, lower_bound=LB, cache_ring=False, replayssm_rawv=torch.zeros(4, 3))
     assert out == "upstream" and seen[0]["replayssm_rawv"].shape == (4, 3)
+
+
+def test_target_verify_refuses_ragged_windows_given_on_the_host():
+    """A CPU ``query_start_loc`` whose windows are not 1 + drafts each is refused by name; the pool
+    is not touched. (A GPU one is never read on the host: no sync, CUDA-graph capture safe.)"""
+    gen = torch.Generator().manual_seed(5)
+    B, T = 2, 3
+    N = B * T
+    q, k, v = (torch.randn(1, N, H, K, generator=gen) for _ in range(3))
+    a, b = torch.randn(N, H * K, generator=gen), torch.randn(N, H, generator=gen)
+    pool = torch.randn(2, H, K, K, generator=gen)
+    before = pool.clone()
+    with pytest.raises(ValueError, match="query_start_loc"):
+        SglHybridKDAKernel(True).target_verify(
+            torch.rand(1, 1, H, 1, generator=gen), torch.randn(H * K, generator=gen), q, k, v, a, b, ssm_states=pool,
+            cache_indices=torch.tensor([0, 1], dtype=torch.int32), query_start_loc=torch.tensor([0, 2, 6], dtype=torch.int32),
+            intermediate_states_buffer=torch.zeros(2, T, H, K, K), intermediate_state_indices=torch.tensor([0, 1]),
+            cache_steps=T, retrieve_parent_token=None, lower_bound=LB)
+    assert torch.equal(pool, before)

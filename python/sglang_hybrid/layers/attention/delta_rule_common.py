@@ -32,16 +32,36 @@ from sgl_hybrid_kernel.norm.reference import l2_norm
 MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
 
 
+def extend_lengths(cu: torch.Tensor, seq_lens_cpu: Optional[Sequence[int]] = None) -> List[int]:
+    """Host list of the extend lengths: upstream's ``extend_seq_lens_cpu`` when it is given and
+    matches ``cu`` (``[B + 1]`` cumulative starts) in count, read without touching the device;
+    else one read of ``cu`` (a device sync on a GPU)."""
+    if seq_lens_cpu is not None and len(seq_lens_cpu) == cu.numel() - 1:
+        return [int(n) for n in seq_lens_cpu]
+    return (cu[1:] - cu[:-1]).tolist()
+
+
+def initial_state_flags(extend_prefix_lens: Optional[torch.Tensor], batch: int, device: torch.device) -> torch.Tensor:
+    """``[B]`` int32 on ``device``: 1 where a sequence starts from its slot's state (a cached or
+    previous prefix, ``extend_prefix_lens > 0``), 0 where it starts from zeros; all ones without
+    prefix lengths. Built on the device: no host read of the prefix lengths."""
+    if extend_prefix_lens is None:
+        return torch.ones(batch, dtype=torch.int32, device=device)
+    return (extend_prefix_lens[:batch] > 0).to(device=device, dtype=torch.int32)
+
+
 def plan_track_snapshots(track_state: Optional[torch.Tensor], track_chunk_idx: Optional[torch.Tensor],
                          ssm_states: torch.Tensor, cache_indices: torch.Tensor,
-                         has_init: Sequence[bool]) -> List[Tuple[int, int, int]]:
+                         has_init: torch.Tensor) -> List[Tuple[int, int, int]]:
     """Checkpoints ``(sequence, token position, track row)`` for ``c > 0``; rows with
-    ``c == 0`` (the state the extend starts from) are filled here directly.
+    ``c == 0`` (the state the extend starts from) are filled here directly. ``has_init``:
+    :func:`initial_state_flags` (read on the host only when tracking was requested).
 
     Returns ``[]`` when no tracking was requested.
     """
     if track_state is None or track_chunk_idx is None:
         return []
+    has_init = has_init.tolist()
     ckpts = []
     for i, c in enumerate(track_chunk_idx.tolist()):
         if c == 0:
@@ -80,15 +100,19 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
         ``[1, B*T, HV, V]`` in ``v.dtype``.
 
     Raises:
-        ValueError: token count not ``B * cache_steps``, or ``query_start_loc`` not uniform.
+        ValueError: token count not ``B * cache_steps``, or a CPU ``query_start_loc`` not uniform (a GPU one
+            is not read on the host: no sync, CUDA-graph capture safe).
     """
     _, N, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     T, B = int(cache_steps), cache_indices.shape[0]
     if N != B * T:
         raise ValueError(f"cache_steps={T}: expected {B} * {T} tokens, got {N}")
-    if query_start_loc is not None and not torch.equal(query_start_loc.cpu().long()[: B + 1],
-                                                       torch.arange(B + 1, dtype=torch.long) * T):
+    # Uniform windows are checked where that costs no device sync: a GPU ``query_start_loc`` is not
+    # read on the host (a ``.cpu()`` here would sync every layer and fail inside upstream's CUDA-graph
+    # capture of target_verify, whose windows are uniform by construction: 1 + drafts each).
+    if (query_start_loc is not None and query_start_loc.device.type == "cpu"
+            and not torch.equal(query_start_loc.long()[: B + 1], torch.arange(B + 1, dtype=torch.long) * T)):
         raise ValueError("query_start_loc: sgl_hybrid verify takes the same number of tokens per request")
     q2, k2, v2 = q[0], k[0], v[0]
     f = a.reshape(N, HV, K) if gate == "kda" else a.reshape(N, HV)

@@ -39,7 +39,8 @@ from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKerne
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_hybrid.layers.attention.delta_rule_common import MAMBA_CHUNK, plan_track_snapshots, verify_chain
+from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
+                                                            plan_track_snapshots, verify_chain)
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +139,8 @@ class SglHybridGDNKernel(TritonGDNKernel):
         q2, k2, v2 = q[0], k[0], v[0]
         g2, b2 = g.reshape(N, HV), beta.reshape(N, HV)
         cu = query_start_loc.to(torch.int32)
-        lens = (cu[1:] - cu[:-1]).tolist()
-        prefix = kwargs.get("extend_prefix_lens")
-        has_init = [True] * len(lens) if prefix is None else [int(p) > 0 for p in prefix.tolist()]
+        lens = extend_lengths(cu, kwargs.get("extend_seq_lens_cpu"))  # upstream's GDN path passes none: one read of cu
+        has_init = initial_state_flags(kwargs.get("extend_prefix_lens"), len(lens), q.device)  # on the device
         track_state = kwargs.get("track_state")
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         out = kwargs.get("output")
@@ -148,7 +148,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
             f, braw = raw_gdn_gates(g2, b2)
             zeros = torch.zeros(HV, dtype=torch.float32, device=q.device)
             o = gated_delta_chunk_triton(q2, k2, v2, f, braw, zeros, zeros, cu, ssm_states, cache_indices.to(torch.int32),
-                                         torch.tensor(has_init, dtype=torch.int32, device=q.device), "gdn",
+                                         has_init, "gdn",
                                          state_layout="vk", checkpoints=ckpts,
                                          checkpoint_pool=track_state if ckpts else None,
                                          seq_lens_cpu=lens)  # host lengths: no second read of cu (issue 4)
@@ -156,6 +156,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
             o = torch.empty_like(v2)
             G = HV // H
             start = 0
+            has_init = has_init.tolist()
             for i, (n, slot) in enumerate(zip(lens, cache_indices.tolist())):
                 sl = slice(start, start + n)
                 start += n

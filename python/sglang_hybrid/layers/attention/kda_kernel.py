@@ -33,7 +33,8 @@ from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKerne
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_hybrid.layers.attention.delta_rule_common import MAMBA_CHUNK, plan_track_snapshots, verify_chain
+from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
+                                                            plan_track_snapshots, verify_chain)
 
 logger = logging.getLogger(__name__)
 
@@ -116,17 +117,17 @@ class SglHybridKDAKernel(TritonKDAKernel):
         q2, k2, v2 = q[0], k[0], v[0]
         f, b2 = g.reshape(N, H, K), beta.reshape(N, H)
         cu = query_start_loc.to(torch.int32)
-        lens = (cu[1:] - cu[:-1]).tolist()
+        # host lengths from upstream's extend_seq_lens_cpu: no device read (issue 4)
+        lens = extend_lengths(cu, kwargs.get("extend_seq_lens_cpu"))
         # A sequence starts from its slot's state only when it has a cached/previous
-        # prefix (upstream passes extend_prefix_lens); otherwise from zeros.
-        prefix = kwargs.get("extend_prefix_lens")
-        has_init = [True] * len(lens) if prefix is None else [int(p) > 0 for p in prefix.tolist()]
+        # prefix (upstream passes extend_prefix_lens); otherwise from zeros. Built on the device.
+        has_init = initial_state_flags(kwargs.get("extend_prefix_lens"), len(lens), q.device)
         track_state = kwargs.get("track_state")
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
             o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
                                          cache_indices.to(torch.int32),
-                                         torch.tensor(has_init, dtype=torch.int32, device=q.device), "kda", lower_bound,
+                                         has_init, "kda", lower_bound,
                                          state_layout="vk",
                                          checkpoints=ckpts, checkpoint_pool=track_state if ckpts else None,
                                          seq_lens_cpu=lens)  # host lengths: no second read of cu (issue 4)
@@ -134,6 +135,7 @@ class SglHybridKDAKernel(TritonKDAKernel):
             o = torch.empty_like(v2)
             gate = kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)
             start = 0
+            has_init = has_init.tolist()
             for i, (n, slot) in enumerate(zip(lens, cache_indices.tolist())):
                 sl = slice(start, start + n)
                 start += n
