@@ -1075,7 +1075,7 @@ def bench_recurrent_sweep(results, ceiling):
              gated_delta_recurrent_triton,
              {} if t is None else dict(value_tile=t[0], num_warps=t[1], **({"preload": t[2]} if len(t) > 2 else {})))
             for t in tiles]
-        if T > 1:
+        if WIDE_VARIANTS:  # decode too (T = 1): the same kernel, one token
             todo += [(f"wide_bv{bv}_w{nw}" + ("_prefetch" if pf else ""), gated_delta_recurrent_triton,
                       dict(wide=True, value_tile=bv, num_warps=nw, wide_prefetch=bool(pf))) for bv, nw, pf in WIDE_VARIANTS]
         if T > 1:

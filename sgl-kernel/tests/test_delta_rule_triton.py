@@ -141,16 +141,15 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit, prefetch):
                                                       output_final_state=True)
         torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(pool[s], rS[0] if commit else before[s], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="wide"):  # decode is not a verify window
-        gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, gate, lb, wide=True)
 
 
-def test_every_verify_mode_takes_the_one_warp_verify_kernel_decode_does_not(monkeypatch):
+def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
     """Default routing (H200 sweeps, docs/kernels.md 2026-11-30): every verify window runs
     ``gated_delta_verify_wide_kernel`` with one warp. Plain windows (commit or not) its ``PLAIN``
     binary: 4 columns at B=1, 16 from B=32 (decode's wave rule). Snapshots and deferred commit its
-    all-modes binary: 4 / 8 columns. Inputs one token ahead in both. Decode and an explicit
-    ``preload`` keep the register-tile kernel."""
+    all-modes binary: 4 / 8 columns. Inputs one token ahead in both. Decode on the V-major pool
+    takes the ``PLAIN`` binary too; decode on the K-major pool and an explicit ``preload`` keep the
+    register-tile kernel."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
 
     calls = []
@@ -180,7 +179,10 @@ def test_every_verify_mode_takes_the_one_warp_verify_kernel_decode_does_not(monk
     plain, modes, narrow = [("wide", 4, 1, True, True)] * 2, [("wide", 4, 1, True, False)] * 2, [("narrow", 4, 1, True, None)]
     b32 = [("wide", 16, 1, True, True)] * 2 + [("wide", 8, 1, True, False)] * 2
     b128 = [("wide", 16, 1, True, True)] * 2 + [("wide", 8, 1, True, False)] * 2
-    assert calls == plain + modes + narrow + b32 + narrow + b128 + narrow + [("narrow", 16, 1, True, None)]
+    gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool.transpose(-1, -2), idx, 1, "kda", -5.0,
+                                 state_layout="kv")
+    assert calls == (plain + modes + narrow + b32 + narrow + b128 + narrow + [("wide", 16, 1, True, True)]
+                     + [("narrow", 64, 4, True, None)])
 
 
 @pytest.mark.parametrize("gate,preload", [("gdn", True), ("kda", True), ("gdn", False), ("kda", False), ("gdn", None),

@@ -61,7 +61,7 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
     tuning = device_value_tile_tuning(q.device)
     tiles = (f"value tiles tuned for {tuning.name} ({tuning.source})" if tuning.tuned
              else f"no tuned value-tile table for this device: {tuning.name}, {tuning.source}")
-    paths = "decode: register-tile kernel; verify windows: one-warp per-token kernel (plain and all-modes binaries)"
+    paths = "verify windows and V-major decode: one-warp per-token kernel (plain and all-modes binaries); K-major decode: register-tile kernel"
     record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}", log=logger)
     return "triton"
 

@@ -167,8 +167,8 @@ def gated_delta_recurrent_triton(
             each token's one token ahead (``False``); default :func:`recurrent_preload`.
         wide_prefetch: the verify kernel's ``PREFETCH`` (default ``True``: each token's inputs loaded
             one token ahead of its chain; ``False``: in its own iteration, HEAD 7a64a90's loop).
-        wide: verify windows only (T > 1), every mode: run ``gated_delta_verify_wide_kernel``
-            (per-token inputs, one warp, :func:`pick_wide_tile` columns) instead of the
+        wide: run ``gated_delta_verify_wide_kernel`` (per-token inputs, one warp,
+            :func:`pick_wide_tile` / :func:`pick_deferred_tile` columns) instead of the
             register-tile ``gated_delta_recurrent_kernel``. ``None``: :func:`use_wide_verify`
             unless ``preload`` (that kernel's knob) is given. Every call of one window (verify,
             next window's fused replay, :func:`replay_commit`) must take the same kernel for the
@@ -262,9 +262,7 @@ def gated_delta_recurrent_triton(
     if form != "recurrent":
         raise ValueError(f"form must be 'recurrent', 'chunk' or None, got {form!r}")
     if wide is None:
-        wide = preload is None and use_wide_verify(B, T)
-    if wide and T == 1:
-        raise ValueError("wide=True serves verify windows (tokens_per_request > 1); decode runs the one-warp kernel")
+        wide = preload is None and use_wide_verify(B, T, state_layout)
     tuning = device_value_tile_tuning(q.device)
     if wide:
         if save and strides(inter_state)[1:] != strides(state)[1:]:
@@ -322,12 +320,14 @@ def window_dot_precision(device: torch.device) -> str:
     return "ieee"
 
 
-def use_wide_verify(batch: int, tokens: int) -> bool:
-    """Whether a verify window runs ``gated_delta_verify_wide_kernel`` by default: every window
-    with ``tokens > 1``, in every mode (plain, snapshots, deferred commit, fused replay), so all
-    modes of a window share one binary. H200, 2026-11-30 (docs/kernels.md): one-warp programs of
-    that kernel were 1.2-1.6x faster than the register-tile form at B = 1, 32, 128."""
-    return tokens > 1
+def use_wide_verify(batch: int, tokens: int, state_layout: str = "vk") -> bool:
+    """Whether a step runs ``gated_delta_verify_wide_kernel`` (one-warp per-token programs) by
+    default: every verify window (``tokens > 1``) in every mode (plain, snapshots, deferred commit,
+    fused replay), so all modes of a window share one binary, and decode on the V-major pool.
+    H200, 2026-11-30 (docs/kernels.md): verify 1.3-1.5x faster than the register-tile kernel at
+    B = 32 / 128; decode KDA B=1 2.53-2.66 vs 2.72-2.84 us, B=32 / 128 at the state read + write
+    floor. Decode on the K-major pool keeps the register-tile kernel (not measured here)."""
+    return tokens > 1 or state_layout == "vk"
 
 
 def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
