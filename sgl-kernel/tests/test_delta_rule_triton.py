@@ -110,11 +110,10 @@ def test_kda_verify_per_token_inputs_match_fla_naive():
         torch.testing.assert_close(pool[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gate,commit,prefetch", [("kda", True, False), ("gdn", False, False), ("kda", False, True),
-                                                  ("gdn", True, True)])
-def test_wide_verify_kernel_matches_fla_naive(gate, commit, prefetch):
-    """The verify kernel (``wide=True``: per-token inputs, HEAD 7a64a90's loop or, with ``PREFETCH``,
-    inputs one token ahead) against fla's naive recurrences, GVA for GDN, a padding row, commit or not."""
+@pytest.mark.parametrize("gate,commit", [("kda", True), ("gdn", False), ("kda", False), ("gdn", True)])
+def test_wide_verify_kernel_matches_fla_naive(gate, commit):
+    """The one-warp per-token kernel (``wide=True``, its ``PLAIN`` binary: inputs one token ahead)
+    against fla's naive recurrences, GVA for GDN, a padding row, commit or not."""
     gen = torch.Generator().manual_seed(13)
     B, T, H, K, V = 3, 4, 2, 16, 32
     HV = 4 if gate == "gdn" else H
@@ -123,8 +122,7 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit, prefetch):
     before = pool.clone()
     idx = torch.tensor([2, -1, 4])
     lb = -5.0 if gate == "kda" else None
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16,
-                                     wide_prefetch=prefetch)
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16)
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -147,7 +145,7 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
     """Default routing (H200 sweeps, docs/kernels.md 2026-11-30): every verify window runs
     ``gated_delta_verify_wide_kernel`` with one warp. Plain windows (commit or not) its ``PLAIN``
     binary: 4 columns at B=1, 16 from B=32 (decode's wave rule). Snapshots and deferred commit its
-    all-modes binary: 4 / 8 columns. Inputs one token ahead in both. Decode on the V-major pool
+    all-modes binary: 4 / 8 columns. Decode on the V-major pool
     takes the ``PLAIN`` binary too; decode on the K-major pool and an explicit ``preload`` keep the
     register-tile kernel."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
@@ -159,8 +157,7 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
             self.name = name
 
         def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((self.name, kw["BV"], kw["num_warps"], kw.get("PREFETCH", kw.get("PRELOAD")),
-                                                  kw.get("PLAIN")))
+            return lambda *a, **kw: calls.append((self.name, kw["BV"], kw["num_warps"], kw.get("PRELOAD"), kw.get("PLAIN")))
 
     monkeypatch.setattr(rec, "gated_delta_recurrent_kernel", Spy("narrow"))
     monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy("wide"))
@@ -176,23 +173,22 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
         run(replay_buffer=torch.zeros(B, T - 1, H, K + K + 1 + V))
         run(commit=False, preload=True)  # that kernel's knob: the register-tile kernel
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, "kda", -5.0, state_layout="vk")
-    plain, modes, narrow = [("wide", 4, 1, True, True)] * 2, [("wide", 4, 1, True, False)] * 2, [("narrow", 4, 1, True, None)]
-    b32 = [("wide", 16, 1, True, True)] * 2 + [("wide", 8, 1, True, False)] * 2
-    b128 = [("wide", 16, 1, True, True)] * 2 + [("wide", 8, 1, True, False)] * 2
+    plain, modes, narrow = [("wide", 4, 1, None, True)] * 2, [("wide", 4, 1, None, False)] * 2, [("narrow", 4, 1, True, None)]
+    b32 = [("wide", 16, 1, None, True)] * 2 + [("wide", 8, 1, None, False)] * 2
+    b128 = [("wide", 16, 1, None, True)] * 2 + [("wide", 8, 1, None, False)] * 2
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool.transpose(-1, -2), idx, 1, "kda", -5.0,
                                  state_layout="kv")
-    assert calls == (plain + modes + narrow + b32 + narrow + b128 + narrow + [("wide", 16, 1, True, True)]
+    assert calls == (plain + modes + narrow + b32 + narrow + b128 + narrow + [("wide", 16, 1, None, True)]
                      + [("narrow", 64, 4, True, None)])
 
 
 @pytest.mark.parametrize("gate,preload", [("gdn", True), ("kda", True), ("gdn", False), ("kda", False), ("gdn", None),
-                                          ("kda", None), ("gdn", "loop"), ("kda", "loop")])
+                                          ("kda", None)])
 def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
     """Seeds digest item 12: the scalar replay equals writing every snapshot, bit for bit,
     both as a separate commit and fused into the next window (``preload`` True / False: both input
-    paths of the register-tile kernel; ``None``: the default one-warp verify kernel, inputs one token
-    ahead; ``"loop"``: the same kernel's plain loop, ``wide_prefetch=False``)."""
-    kw = dict(wide_prefetch=False) if preload == "loop" else dict(preload=preload)
+    paths of the register-tile kernel; ``None``: the default one-warp per-token kernel)."""
+    kw = dict(preload=preload)
     gen = torch.Generator().manual_seed(3)
     B, T, H, HV, K, V = 3, 4, 2, 4, 16, 8
     w1 = _batch(gen, B, T, H, HV, K, V, gate)

@@ -157,10 +157,10 @@ def kernel_configs() -> List[KernelConfig]:
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
                             num_warps=max(1, bv // 16), divisible=lay["divisible"])
 
-    def wide(name, T, bv, gate, shape, lay, prefetch, plain=True):  # every verify window (recurrent.use_wide_verify)
+    def wide(name, T, bv, gate, shape, lay, plain=True):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
         return KernelConfig(name, gated_delta_verify_wide_kernel,
-                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PREFETCH=prefetch, PLAIN=plain, **shape, **lay["constexprs"],
+                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, **shape, **lay["constexprs"],
                                  **tile),
                             num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile))
 
@@ -169,20 +169,20 @@ def kernel_configs() -> List[KernelConfig]:
             rec("gdn_decode_bv64_kv", 1, 64, GATE_GDN, gdn, kv), rec("gdn_decode_bv32_kv", 1, 32, GATE_GDN, gdn, kv),
             rec("gdn_verify_t5_bv8", 5, 8, GATE_GDN, gdn, vk), rec("gdn_verify_t5_bv8_kv", 5, 8, GATE_GDN, gdn, kv),
             rec("gdn_verify_t5_bv4_tok", 5, 4, GATE_GDN, gdn, vk, preload=False),
-            wide("kda_decode1w_bv4", 1, 4, GATE_KDA_SAFE, kda, vk, True),
-            wide("kda_decode1w_bv16", 1, 16, GATE_KDA_SAFE, kda, vk, True),
-            wide("gdn_decode1w_bv16", 1, 16, GATE_GDN, gdn, vk, True),
-            wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk, True),
-            wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk, True),
-            wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk, True),
-            wide("gdn_verify1w_t5_bv16_kv", 5, 16, GATE_GDN, gdn, kv, True),
+            wide("kda_decode1w_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
+            wide("kda_decode1w_bv16", 1, 16, GATE_KDA_SAFE, kda, vk),
+            wide("gdn_decode1w_bv16", 1, 16, GATE_GDN, gdn, vk),
+            wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
+            wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
+            wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk),
+            wide("gdn_verify1w_t5_bv16_kv", 5, 16, GATE_GDN, gdn, kv),
             # the all-modes binary (snapshots / deferred / fused replay / replay_commit), recurrent.pick_deferred_tile
-            wide("kda_verify1w_t4_bv4_allmodes", 4, 4, GATE_KDA_SAFE, kda, vk, True, False),
-            wide("kda_verify1w_t4_bv8_allmodes", 4, 8, GATE_KDA_SAFE, kda, vk, True, False),
-            wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, True, False),
-            wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, True, False),
-            wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, True, False),
-            wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, True, False)]
+            wide("kda_verify1w_t4_bv4_allmodes", 4, 4, GATE_KDA_SAFE, kda, vk, False),
+            wide("kda_verify1w_t4_bv8_allmodes", 4, 8, GATE_KDA_SAFE, kda, vk, False),
+            wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, False),
+            wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, False),
+            wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),
+            wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False)]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
     # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
     from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel

@@ -143,7 +143,6 @@ def gated_delta_recurrent_triton(
     wide: Optional[bool] = None,
     form: Optional[str] = None,
     dot_precision: Optional[str] = None,
-    wide_prefetch: Optional[bool] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -165,8 +164,6 @@ def gated_delta_recurrent_triton(
         num_warps: warps per program override (default :func:`recurrent_num_warps`).
         preload: load every token's inputs as register tiles before the chain (``True``) or
             each token's one token ahead (``False``); default :func:`recurrent_preload`.
-        wide_prefetch: the verify kernel's ``PREFETCH`` (default ``True``: each token's inputs loaded
-            one token ahead of its chain; ``False``: in its own iteration, HEAD 7a64a90's loop).
         wide: run ``gated_delta_verify_wide_kernel`` (per-token inputs, one warp,
             :func:`pick_wide_tile` / :func:`pick_deferred_tile` columns) instead of the
             register-tile ``gated_delta_recurrent_kernel``. ``None``: :func:`use_wide_verify`
@@ -271,9 +268,7 @@ def gated_delta_recurrent_triton(
         plain = not (save or deferred or fused_replay)
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        # inputs one token ahead: faster in every row of the H200 sweep (2026-11-30), plain or not
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PREFETCH=True if wide_prefetch is None else bool(wide_prefetch),
-                                                             PLAIN=plain)
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
         warps = num_warps or 1
     else:
         kernel = gated_delta_recurrent_kernel
@@ -393,7 +388,6 @@ def replay_commit(
     lower_bound: Optional[float] = None,
     l2norm: bool = True,
     form: Optional[str] = None,
-    wide_prefetch: Optional[bool] = None,
 ) -> None:
     """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
 
@@ -411,7 +405,7 @@ def replay_commit(
         accept_lens: ``[B]`` accepted tokens of the window, token 0 included (1..T).
         replay_buffer: the buffer the DEFERRED verify filled, ``[slots, T - 1, HV, RW]``.
         head_k_dim: ``K``; gate: ``"kda"`` or ``"gdn"``.
-        value_tile, num_warps, preload, wide_prefetch: the verify call's (``None``: the same defaults).
+        value_tile, num_warps, preload: the verify call's (``None``: the same defaults).
         num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
         activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
         form: the verify's ``form`` (``"chunk"``: the replay runs the chunk-form window kernel,
@@ -439,5 +433,5 @@ def replay_commit(
     dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
     gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
                                  state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
-                                 preload=preload, form=form, wide_prefetch=wide_prefetch,
+                                 preload=preload, form=form,
                                  out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)

@@ -396,20 +396,18 @@ def gated_delta_verify_wide_kernel(
     BV: tl.constexpr,
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
-    PREFETCH: tl.constexpr,
     PLAIN: tl.constexpr,
 ):
-    """Verify window (T > 1) in every mode -- plain, snapshots, deferred commit, fused replay --
-    with the lean per-token form: no per-token input tiles in registers, the previous window's
-    records replayed one per iteration of a runtime loop, each token's inputs loaded in its own
-    iteration (``PREFETCH=False``, HEAD 7a64a90's loop, ``o_t`` read from the updated state) or one
-    token ahead of its chain (``PREFETCH=True``, :func:`_verify_per_token`). The mode is the
-    runtime ``flags`` argument, as in :func:`gated_delta_recurrent_kernel`, so every mode of a
-    window (and :func:`recurrent.replay_commit`) runs one binary and a deferred replay equals
-    the snapshot path bit for bit. One warp per program by default (H200, 2026-11-30: 1.3-1.4x
-    faster than this loop at 4 warps / 64 columns, and than the register-tile form of
-    :func:`gated_delta_recurrent_kernel`, whose tiles cost 160-255 registers). Same arguments
-    and padding rule as that kernel.
+    """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
+    in the lean per-token form: no per-token input tiles in registers, the previous window's
+    records replayed one per iteration of a runtime loop, each token's inputs loaded one token
+    ahead of its chain (:func:`_verify_per_token`; loading them in the token's own iteration, HEAD
+    7a64a90's loop, was slower in every row of the H200 sweeps). The mode is the runtime ``flags``
+    argument, as in :func:`gated_delta_recurrent_kernel`, so every mode of a window (and
+    :func:`recurrent.replay_commit`) runs one binary and a deferred replay equals the snapshot
+    path bit for bit. One warp per program (H200, 2026-11-30: 1.3-1.5x faster than HEAD's loop
+    at 4 warps / 64 columns and than the register-tile form of :func:`gated_delta_recurrent_kernel`,
+    whose tiles cost 160-255 registers). Same arguments and padding rule as that kernel.
 
     ``PLAIN`` (constexpr) compiles the snapshot, deferred and replay paths out, for plain verify
     windows (``flags`` then only says whether to commit): straight-line code whose next-token
@@ -421,7 +419,6 @@ def gated_delta_verify_wide_kernel(
     DEFERRED = (flags & 4) != 0  # FLAG_DEFERRED
     REPLAY_PREV = (flags & 8) != 0  # FLAG_REPLAY_PREV
     GK: tl.constexpr = 1 if GATE == 2 else K
-    RW: tl.constexpr = K + GK + 1 + V
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
@@ -458,49 +455,6 @@ def gated_delta_verify_wide_kernel(
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
                             m_k, m_v, HV, K, V, GK)
-    rec_base = replay_ptr + slot * r_slot
-    if PREFETCH:
-        _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b, i_h, i_hv,
-                          i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER, DEFERRED, COMMIT, T, H, HV, K,
-                          V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
-        return
-    for t in range(T):
-        n = i_b * T + t
-        q = tl.load(q_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        if L2NORM:
-            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
-            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-        v = tl.load(v_ptr + (n * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        beta = tl.load(b_ptr + n * HV + i_hv).to(tl.float32)
-        beta = 1.0 / (1.0 + tl.exp(-beta))
-        if GATE == 2:
-            g = -A * _softplus(tl.load(f_ptr + n * HV + i_hv).to(tl.float32) + dtb)
-        else:
-            f = tl.load(f_ptr + (n * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-            if GATE == 0:
-                g = -A * _softplus(f + dtb)
-            else:
-                g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
-        S, _, _ = _delta_update(S, k, v, tl.exp(g), beta)
-        o = tl.sum(S * (q * scale)[:, None], axis=0)
-        tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
-        if SAVE_INTER:
-            islot = tl.load(inter_idx_ptr + n).to(tl.int64)
-            if islot >= 0:
-                tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty), mask=m_kv)
-        if DEFERRED:
-            if t == 0:
-                tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv)  # token 0 is always accepted
-            else:
-                rec = rec_base + ((t - 1) * HV + i_hv) * RW
-                if i_v == 0:
-                    tl.store(rec + o_k, k, mask=m_k)
-                    if GATE == 2:
-                        tl.store(rec + K, g)
-                    else:
-                        tl.store(rec + K + o_k, g, mask=m_k)
-                    tl.store(rec + K + GK, beta)
-                tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
-    if COMMIT:
-        tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
+    _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, replay_ptr + slot * r_slot,
+                      i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER, DEFERRED, COMMIT, T, H, HV, K,
+                      V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)

@@ -38,21 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _softplus_w(x):
-    return tl.where(x < 20.0, tl.log(1.0 + tl.exp(x)), x)
-
-
-@triton.jit
-def _pick_row(X, o_p, p):
-    """Row ``p`` of a ``[TP, C]`` tile (an exact select)."""
-    return tl.sum(tl.where(o_p[:, None] == p, X, 0.0), axis=0)
-
-
-@triton.jit
-def _pick(x, o_p, p):
-    return tl.sum(tl.where(o_p == p, x, 0.0), axis=0)
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import _elem, _row, _softplus
 
 
 @triton.jit
@@ -122,12 +108,12 @@ def gated_delta_window_kernel(
     if GATE == 2:
         fraw = tl.load(f_ptr + n_t * HV + i_hv, mask=m_new, other=0.0).to(tl.float32)
         dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-        G = tl.where(m_new, -A * _softplus_w(fraw + dtb), 0.0)  # [TP]
+        G = tl.where(m_new, -A * _softplus(fraw + dtb), 0.0)  # [TP]
     else:
         fraw = tl.load(f_ptr + (n_t[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_pk, other=0.0).to(tl.float32)
         dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         if GATE == 0:
-            G = -A * _softplus_w(fraw + dtb[None, :])
+            G = -A * _softplus(fraw + dtb[None, :])
         else:
             G = lower_bound / (1.0 + tl.exp(-A * (fraw + dtb[None, :])))
         G = tl.where(m_pk, G, 0.0)  # [TP, BK]
@@ -188,8 +174,8 @@ def gated_delta_window_kernel(
         M = tl.zeros([TP, TP], dtype=tl.float32)
         Pm = tl.zeros([TP, TP], dtype=tl.float32)
         for s in tl.static_range(OFF + T):
-            ks = _pick_row(Kw, o_p, s)
-            gs = _pick_row(Gc, o_p, s)
+            ks = _row(Kw, o_p, s)
+            gs = _row(Gc, o_p, s)
             E = tl.exp(tl.where((o_p >= s)[:, None], Gc - gs[None, :], 0.0))  # [TP, BK]
             Ks = E * ks[None, :]
             M = tl.where(o_p[None, :] == s, tl.sum(Kw * Ks, axis=1)[:, None], M)
@@ -203,8 +189,8 @@ def gated_delta_window_kernel(
     # W = (I + diag(beta) M)^{-1} diag(beta), rows by forward substitution
     X = tl.where(o_p[:, None] == o_p[None, :], 1.0, 0.0)
     for p in tl.static_range(1, OFF + T):
-        m_row = _pick_row(M, o_p, p)  # [TP] over s (zero for s >= p)
-        row = tl.where(o_p == p, 1.0, 0.0) - _pick(beta, o_p, p) * tl.sum(m_row[:, None] * X, axis=0)
+        m_row = _row(M, o_p, p)  # [TP] over s (zero for s >= p)
+        row = tl.where(o_p == p, 1.0, 0.0) - _elem(beta, o_p, p) * tl.sum(m_row[:, None] * X, axis=0)
         X = tl.where(o_p[:, None] == p, row[None, :], X)
     W = X * beta[None, :]
 
@@ -225,11 +211,11 @@ def gated_delta_window_kernel(
         # state after this step's token 0 (window position OFF): always accepted, committed now
         m_e = o_p <= OFF
         if GATE == 2:
-            g0 = _pick(Gc, o_p, OFF)
+            g0 = _elem(Gc, o_p, OFF)
             K0 = tl.where(m_e[:, None], Kw * tl.exp(tl.where(m_e, g0 - Gc, 0.0))[:, None], 0.0)
             S_0 = S0 * tl.exp(g0) + tl.dot(tl.trans(K0), U, input_precision=DOT_PREC)
         else:
-            g0 = _pick_row(Gc, o_p, OFF)
+            g0 = _row(Gc, o_p, OFF)
             K0 = tl.where(m_e[:, None], Kw * tl.exp(tl.where(m_e[:, None], g0[None, :] - Gc, 0.0)), 0.0)
             S_0 = S0 * tl.exp(g0)[:, None] + tl.dot(tl.trans(K0), U, input_precision=DOT_PREC)
         tl.store(p_s, S_0.to(p_s.dtype.element_ty), mask=m_kv)
