@@ -161,7 +161,8 @@ def gated_delta_recurrent_triton(
         inter_state, inter_indices: optional pool (same layout) and ``[N]`` slots
             receiving the state after each token (``-1`` = skip).
         value_tile: ``BV`` override (power of two).
-        num_warps: warps per program override (default :func:`recurrent_num_warps`).
+        num_warps: warps per program override (default 1 for the one-warp per-token kernel,
+            :func:`recurrent_num_warps` for the register-tile kernel).
         preload: load every token's inputs as register tiles before the chain (``True``) or
             each token's one token ahead (``False``); default :func:`recurrent_preload`.
         wide: run ``gated_delta_verify_wide_kernel`` (per-token inputs, one warp,
