@@ -1044,7 +1044,7 @@ SWEEP_TILES = {("decode", 1): [None, (4, 1), (8, 1), (16, 1)], ("decode", 0): [N
 SWEEP_CASES = None  # main(): --sweep-cases (substrings of case names to run; None = all)
 RECURRENT_BASELINE = None  # main(): --recurrent-baseline
 SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, the baseline and fla only)
-WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS[xKP],... tiles of the one-warp per-token kernel (gated_delta_verify_wide_kernel)
+WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS,... tiles of the one-warp per-token kernel (gated_delta_verify_wide_kernel)
 CHUNK_VARIANTS = []  # main(): --chunk-variants BVxWARPS:PREC,... chunk-form windows (triton_window.py) timed beside the tiles
 
 
@@ -1076,9 +1076,8 @@ def bench_recurrent_sweep(results, ceiling):
              {} if t is None else dict(value_tile=t[0], num_warps=t[1], **({"preload": t[2]} if len(t) > 2 else {})))
             for t in tiles]
         if WIDE_VARIANTS:  # decode too (T = 1): the same kernel, one token
-            todo += [(f"wide_bv{bv}_w{nw}" + (f"_kp{kp[0]}" if kp else ""), gated_delta_recurrent_triton,
-                      dict(wide=True, value_tile=bv, num_warps=nw, key_piece=kp[0] if kp else None))
-                     for bv, nw, *kp in WIDE_VARIANTS]
+            todo += [(f"wide_bv{bv}_w{nw}", gated_delta_recurrent_triton, dict(wide=True, value_tile=bv, num_warps=nw))
+                     for bv, nw in WIDE_VARIANTS]
         if T > 1:
             todo += [(f"chunk_bv{bv}_w{nw}_{prec}", gated_delta_recurrent_triton,
                       dict(form="chunk", value_tile=bv, num_warps=nw, dot_precision=prec)) for bv, nw, prec in CHUNK_VARIANTS]
@@ -1239,7 +1238,7 @@ def main():
     p.add_argument("--prefill-variants", default=None, help="comma list of PREFILL_VARIANTS names to time (default: all)")
     p.add_argument("--chunk-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS:PREC (e.g. "
                    "32x4:ieee,32x4:tf32x3): chunk-form verify windows timed beside the recurrent tiles")
-    p.add_argument("--wide-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS or BVxWARPSxKP (KP: key piece), tiles of the "
+    p.add_argument("--wide-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS, tiles of the "
                    "one-warp per-token kernel (gated_delta_verify_wide_kernel; the 2026-11-30 sweeps also varied its input "
                    "prefetch, since removed: it won every row)")
     args = p.parse_args()

@@ -141,64 +141,6 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
         torch.testing.assert_close(pool[s], rS[0] if commit else before[s], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gate,key_piece,value_tile", [("kda", 4, 8), ("gdn", 8, 4), ("kda", 16, 16), ("gdn", 32, 16)])
-def test_key_pieces_of_the_one_warp_kernel_on_the_v_major_pool(gate, key_piece, value_tile):
-    """The one-warp kernel's state tile held as ``K / key_piece`` key pieces (V-major pool, the
-    layout SGLang's pools use): plain verify with commit against fla's naive recurrences (GVA for
-    GDN, a padding row, a NaN slot never named), and snapshots == deferred commit == fused replay
-    bit for bit within one piece split (K = 32: 8, 4, 2 and 1 pieces)."""
-    gen = torch.Generator().manual_seed(21)
-    B, T, H, K, V = 3, 4, 2, 32, 16
-    HV = 4 if gate == "gdn" else H
-    w1, w2 = _batch(gen, B, T, H, HV, K, V, gate), _batch(gen, B, T, H, HV, K, V, gate)[:5]
-    A, dtb = w1[5], w1[6]
-    kv_pool = torch.randn(6, HV, K, V, generator=gen)
-    kv_pool[5] = NAN
-    vk = lambda x: x.transpose(-1, -2).contiguous()  # noqa: E731
-    lb = -5.0 if gate == "kda" else None
-    kw = dict(state_layout="vk", value_tile=value_tile, key_piece=key_piece)
-    idx = torch.tensor([2, -1, 4])
-    pool = vk(kv_pool)
-    o = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool, idx, T, gate, lb, commit=True, **kw)
-    assert (o[T:2 * T] == 0).all() and not o.isnan().any() and pool[5].isnan().all()
-    G = HV // H
-    for i, s in enumerate(idx.tolist()):
-        if s < 0:
-            continue
-        sl = slice(i * T, (i + 1) * T)
-        q, k, v, f, b = (x[sl] for x in w1[:5])
-        qq, kk = l2_norm(q).repeat_interleave(G, 1), l2_norm(k).repeat_interleave(G, 1)
-        if gate == "kda":
-            ro, rS = naive_recurrent_kda(qq[None], kk[None], v[None], naive_kda_lowerbound_gate(f, A, dtb, lower_bound=lb)[None],
-                                         torch.sigmoid(b)[None], initial_state=kv_pool[s][None], output_final_state=True)
-        else:
-            ro, rS = naive_recurrent_gated_delta_rule(qq[None], kk[None], v[None], torch.sigmoid(b)[None], gdn_gate(f, A, dtb)[None],
-                                                      initial_state=kv_pool[s][None], output_final_state=True)
-        torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(pool[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
-    # snapshots vs deferred commit (+ fused replay, + replay_commit), one binary: bit for bit
-    N, gk = B * T, (1 if gate == "gdn" else K)
-    idx, acc1, acc2 = torch.tensor([4, 1, 3]), torch.tensor([2, 4, 1]), torch.tensor([3, 1, 4])
-    p_snap, inter = vk(kv_pool), torch.full((N, HV, V, K), NAN)
-    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, lb, commit=False, inter_state=inter,
-                                      inter_indices=torch.arange(N), **kw)
-    for i, (s, a) in enumerate(zip(idx.tolist(), acc1.tolist())):
-        p_snap[s] = inter[i * T + a - 1]
-    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p_snap, idx, T, gate, lb, commit=False, inter_state=inter,
-                                      inter_indices=torch.arange(N), **kw)
-    p_def = vk(kv_pool)
-    rb1, rb2 = torch.zeros(6, T - 1, HV, K + gk + 1 + V), torch.zeros(6, T - 1, HV, K + gk + 1 + V)
-    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, lb, replay_buffer=rb1, **kw)
-    d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, lb, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
-                                      **kw)
-    replay_commit(p_def, idx, acc2, rb2, K, gate, num_k_heads=H, activation_dtype=torch.float32, lower_bound=lb, **kw)
-    assert torch.equal(o1, d1) and torch.equal(o2, d2)
-    for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
-        assert torch.equal(p_def[s], inter[i * T + a - 1])
-    with pytest.raises(ValueError, match="key_piece"):
-        gated_delta_recurrent_triton(*w1[:5], A, dtb, vk(kv_pool), idx, T, gate, lb, state_layout="vk", key_piece=12)
-
-
 def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
     """Default routing (H200 sweeps, docs/kernels.md 2026-11-30): every verify window runs
     ``gated_delta_verify_wide_kernel`` with one warp. Plain windows (commit or not) its ``PLAIN``

@@ -132,7 +132,6 @@ def compile_config(cfg: KernelConfig, target: str) -> Report:
 def kernel_configs() -> List[KernelConfig]:
     """Every kernel at the shapes we serve: Kimi K3 TP8 (12 KDA heads x 128) and
     Qwen3.8 GDN (16 k-heads, 48 v-heads x 128), with the tiles the wrappers pick."""
-    from sgl_hybrid_kernel.delta_rule.recurrent import pick_key_piece
     from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
         GATE_GDN,
@@ -160,33 +159,30 @@ def kernel_configs() -> List[KernelConfig]:
 
     def wide(name, T, bv, gate, shape, lay, plain=True):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
-        layout = "vk" if lay is vk else "kv"
-        # key pieces per warp width (recurrent.pick_key_piece): 32 lanes on sm_90, 64 on CDNA
-        return [KernelConfig(name, gated_delta_verify_wide_kernel,
-                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, **shape, **lay["constexprs"], **tile,
-                                  KP=pick_key_piece(bv, shape["K"], layout, lanes)),
-                             num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile), targets=targets)
-                for targets, lanes in ((("sm90",), 32), (("gfx942", "gfx950"), 64))]
+        return KernelConfig(name, gated_delta_verify_wide_kernel,
+                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, **shape, **lay["constexprs"],
+                                 **tile),
+                            num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile))
 
     out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
             rec("kda_verify_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk), rec("gdn_decode_bv16", 1, 16, GATE_GDN, gdn, vk),
             rec("gdn_decode_bv64_kv", 1, 64, GATE_GDN, gdn, kv), rec("gdn_decode_bv32_kv", 1, 32, GATE_GDN, gdn, kv),
             rec("gdn_verify_t5_bv8", 5, 8, GATE_GDN, gdn, vk), rec("gdn_verify_t5_bv8_kv", 5, 8, GATE_GDN, gdn, kv),
             rec("gdn_verify_t5_bv4_tok", 5, 4, GATE_GDN, gdn, vk, preload=False),
-            *wide("kda_decode1w_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
-            *wide("kda_decode1w_bv16", 1, 16, GATE_KDA_SAFE, kda, vk),
-            *wide("gdn_decode1w_bv16", 1, 16, GATE_GDN, gdn, vk),
-            *wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
-            *wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
-            *wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk),
-            *wide("gdn_verify1w_t5_bv16_kv", 5, 16, GATE_GDN, gdn, kv),
+            wide("kda_decode1w_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
+            wide("kda_decode1w_bv16", 1, 16, GATE_KDA_SAFE, kda, vk),
+            wide("gdn_decode1w_bv16", 1, 16, GATE_GDN, gdn, vk),
+            wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
+            wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
+            wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk),
+            wide("gdn_verify1w_t5_bv16_kv", 5, 16, GATE_GDN, gdn, kv),
             # the all-modes binary (snapshots / deferred / fused replay / replay_commit), recurrent.pick_deferred_tile
-            *wide("kda_verify1w_t4_bv4_allmodes", 4, 4, GATE_KDA_SAFE, kda, vk, False),
-            *wide("kda_verify1w_t4_bv8_allmodes", 4, 8, GATE_KDA_SAFE, kda, vk, False),
-            *wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, False),
-            *wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, False),
-            *wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),
-            *wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False)]
+            wide("kda_verify1w_t4_bv4_allmodes", 4, 4, GATE_KDA_SAFE, kda, vk, False),
+            wide("kda_verify1w_t4_bv8_allmodes", 4, 8, GATE_KDA_SAFE, kda, vk, False),
+            wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, False),
+            wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, False),
+            wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),
+            wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False)]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
     # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
     from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel

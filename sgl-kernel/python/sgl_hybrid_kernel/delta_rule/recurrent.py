@@ -143,7 +143,6 @@ def gated_delta_recurrent_triton(
     wide: Optional[bool] = None,
     form: Optional[str] = None,
     dot_precision: Optional[str] = None,
-    key_piece: Optional[int] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -177,8 +176,6 @@ def gated_delta_recurrent_triton(
             not bit-exact against the recurrent form, checked against FP64; the H200 ran it
             2-7x slower than the recurrent form, so it is opt-in: docs/kernels.md). ``None``:
             ``"recurrent"``.
-        key_piece: one-warp kernel only: keys per piece of its ``[K / KP, KP, BV]`` state tile
-            (power of two dividing K; ``K`` = one piece); default :func:`pick_key_piece`.
         dot_precision: chunk form only: ``tl.dot`` input precision (default
             :func:`window_dot_precision`).
         out: optional ``[N, HV, V]`` output buffer.
@@ -272,11 +269,7 @@ def gated_delta_recurrent_triton(
         plain = not (save or deferred or fused_replay)
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        BK = triton.next_power_of_2(K)
-        KP = key_piece or pick_key_piece(BV, BK, state_layout, 64 if device_platform(q.device).device == "rocm" else 32)
-        if KP & (KP - 1) or not 4 <= KP <= BK:
-            raise ValueError(f"key_piece must be a power of two in 4..{BK}, got {key_piece}")
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, KP=KP)
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
         warps = num_warps or 1
     else:
         kernel = gated_delta_recurrent_kernel
@@ -347,24 +340,6 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
     return min(bv, triton.next_power_of_2(head_v_dim))
 
 
-def pick_key_piece(value_tile: int, key_block: int, state_layout: str = "vk", lanes: int = 32) -> int:
-    """Keys per piece of the one-warp kernel's state tile ``[BK / KP, KP, BV]``. On the V-major
-    pool a piece's keys are contiguous, so a warp's ``lanes`` cover ``KP / 4`` keys (16-byte
-    vectors) times ``lanes / (KP / 4)`` columns; the pieces are held in registers and a
-    K-reduction sums them in-thread first, leaving ``log2(KP / 4)`` shuffle levels per column
-    instead of ``log2(lanes)``. The smallest piece whose lanes still fit the tile's columns (no
-    replicated lanes): 32 lanes, BV = 4 -> 32, 8 -> 16, 16 -> 8 (64 lanes on CDNA: twice
-    that). The K-major pool keeps one piece (its lanes already run along the value columns).
-
-    Raises:
-        ValueError: ``lanes`` not 32 or 64."""
-    if lanes not in (32, 64):
-        raise ValueError(f"lanes must be 32 or 64, got {lanes}")
-    if state_layout == "kv":
-        return key_block
-    return min(key_block, max(4, 4 * lanes // value_tile))
-
-
 def pick_deferred_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
                        tuning: Optional[ValueTileTuning] = None) -> int:
     """Value columns per one-warp program of the verify kernel's all-modes binary (snapshots,
@@ -414,7 +389,6 @@ def replay_commit(
     lower_bound: Optional[float] = None,
     l2norm: bool = True,
     form: Optional[str] = None,
-    key_piece: Optional[int] = None,
 ) -> None:
     """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
 
@@ -432,7 +406,7 @@ def replay_commit(
         accept_lens: ``[B]`` accepted tokens of the window, token 0 included (1..T).
         replay_buffer: the buffer the DEFERRED verify filled, ``[slots, T - 1, HV, RW]``.
         head_k_dim: ``K``; gate: ``"kda"`` or ``"gdn"``.
-        value_tile, num_warps, preload, key_piece: the verify call's (``None``: the same defaults).
+        value_tile, num_warps, preload: the verify call's (``None``: the same defaults).
         num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
         activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
         form: the verify's ``form`` (``"chunk"``: the replay runs the chunk-form window kernel,
@@ -460,5 +434,5 @@ def replay_commit(
     dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
     gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
                                  state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
-                                 preload=preload, form=form, key_piece=key_piece,
+                                 preload=preload, form=form,
                                  out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)

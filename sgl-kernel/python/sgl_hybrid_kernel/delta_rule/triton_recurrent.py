@@ -50,44 +50,17 @@ def _softplus(x):
 
 
 @triton.jit
-def _kcol(x):
-    """A key vector as a column of the state tile: ``[BK] -> [BK, 1]`` or, for a state tile held
-    as key pieces, ``[NP, KP] -> [NP, KP, 1]``."""
-    return tl.expand_dims(x, len(x.shape))
-
-
-@triton.jit
-def _ksum(X):
-    """Sum over the key dimension(s) of a state-shaped tile: ``[BK, BV]`` or ``[NP, KP, BV]`` ->
-    ``[BV]``. Pieces first (the piece axis is held in registers), then the lanes of a piece."""
-    if len(X.shape) == 3:
-        return tl.sum(tl.sum(X, axis=0), axis=0)
-    else:
-        return tl.sum(X, axis=0)
-
-
-@triton.jit
-def _vsum(x):
-    """Sum of a key vector (``[BK]`` or ``[NP, KP]``) to a scalar."""
-    if len(x.shape) == 2:
-        return tl.sum(tl.sum(x, axis=0), axis=0)
-    else:
-        return tl.sum(x, axis=0)
-
-
-@triton.jit
 def _delta_update(S, k, v, decay, beta):
-    """One token of the delta rule on a state slice, ``[BK, BV]`` or ``[NP, KP, BV]`` (key
-    pieces: see :func:`gated_delta_verify_wide_kernel`); ``k`` is ``[BK]`` / ``[NP, KP]`` and
-    ``decay`` the same (per channel) or a scalar. Returns the new state, the decayed state ``S'``
+    """One token of the delta rule on a ``[BK, BV]`` state slice; ``decay`` is
+    ``[BK]`` (per channel) or a scalar. Returns the new state, the decayed state ``S'``
     and ``err = v - k.S'``. Shared by verify and deferred-commit replay so both
     execute the same FP32 operations in the same order (bit-exact replay)."""
     if decay.shape == k.shape:
-        S = S * _kcol(decay)
+        S = S * decay[:, None]
     else:
         S = S * decay
-    err = v - _ksum(S * _kcol(k))
-    return S + _kcol(beta * k) * err, S, err
+    err = v - tl.sum(S * k[:, None], axis=0)
+    return S + (beta * k)[:, None] * err[None, :], S, err
 
 
 @triton.jit
@@ -173,17 +146,17 @@ def _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_pt
             qn, kn, vn, fn, bn = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n + 1, i_h, i_hv, H, HV, K, V, o_k, o_v,
                                                m_k, m_v, GATE)
         if L2NORM:
-            q = q * tl.rsqrt(_vsum(q * q) + 1e-6)
-            k = k * tl.rsqrt(_vsum(k * k) + 1e-6)
+            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
         q = q * scale
         b = 1.0 / (1.0 + tl.exp(-b))
         if GATE == 1:
             g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
         else:
             g = -A * _softplus(f + dtb)
-        qk = _vsum(q * k)
+        qk = tl.sum(q * k, axis=0)
         S, Sd, err = _delta_update(S, k, v, tl.exp(g), b)
-        o = _ksum(Sd * _kcol(q)) + (b * qk) * err
+        o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
         if SAVE_INTER:
             islot = tl.load(inter_idx_ptr + n).to(tl.int64)
@@ -424,7 +397,6 @@ def gated_delta_verify_wide_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
-    KP: tl.constexpr = 0,  # key piece length (0: BK, one piece)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -452,14 +424,11 @@ def gated_delta_verify_wide_kernel(
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_h = i_hv // (HV // H)
-    # the state tile is [NP, KP, BV]: key k = p * KP + i (see the docstring's "key pieces")
-    KPc: tl.constexpr = BK if KP == 0 else KP
-    NP: tl.constexpr = BK // KPc
-    o_k = tl.arange(0, NP)[:, None] * KPc + tl.arange(0, KPc)[None, :]
+    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, :, None] & m_v[None, None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
 
     slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
     if slot < 0:
@@ -471,7 +440,7 @@ def gated_delta_verify_wide_kernel(
     # one offset tile for the state slot and the snapshot slots (same per-slot layout, checked by
     # the wrapper): a second per-element pointer tile would be hoisted out of the token loop and
     # cost ~90 registers on sm_90
-    off = i_hv * s_h + o_k[:, :, None] * s_k + o_v[None, None, :] * s_v
+    off = i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
     p_s = state_ptr + slot * s_slot + off
     S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
     A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
