@@ -828,6 +828,18 @@ CHUNK_STATE_VARIANTS = [
                            intra_inv_warps=8)),
     ("split_a2_inv4_lowp", dict(intra_split=True, intra_a_warps=2, intra_a_kd=16, intra_solve_warps=8, intra_inv=True,
                                 intra_inv_warps=4, state_lowp=True)),
+    # output step (2026-11-30, second round): (q e^G) h_c over key blocks (output_kd) with pipelining
+    # stages, value tile, warps; output_lowp: q e^G and Aqk rounded to the BF16 scratch (as fla's step)
+    ("out_table_kd32", dict(output_kd=32, output_stages=2)),
+    ("out_lowp_kd128", dict(output_lowp=True)),
+    ("out_lowp_bv32_w8_kd32_st2", dict(output_lowp=True, output_kd=32, output_stages=2)),
+    ("out_lowp_bv64_w8_kd32_st2", dict(output_lowp=True, value_tile=64, output_kd=32, output_stages=2)),
+    ("out_lowp_bv128_w8_kd32_st2", dict(output_lowp=True, value_tile=128, output_kd=32, output_stages=2)),
+    ("out_lowp_bv128_w8_kd32_st3", dict(output_lowp=True, value_tile=128, output_kd=32, output_stages=3)),
+    ("out_lowp_bv128_w4_kd32_st2", dict(output_lowp=True, value_tile=128, output_warps=4, output_kd=32, output_stages=2)),
+    ("out_lowp_bv64_w4_kd32_st2", dict(output_lowp=True, value_tile=64, output_warps=4, output_kd=32, output_stages=2)),
+    ("out_lowp_bv128_w4_kd32_st3", dict(output_lowp=True, value_tile=128, output_warps=4, output_kd=32, output_stages=3)),
+    ("out_lowp_bv128_w4_kd16_st3", dict(output_lowp=True, value_tile=128, output_warps=4, output_kd=16, output_stages=3)),
 ]
 
 

@@ -87,18 +87,20 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
         gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), method="fast")
 
 
-@pytest.mark.parametrize("early,stages,x3,intra", [(True, 1, False, "split_inv"), (False, 2, True, "split"),
-                                                   (False, 1, True, "fused")])
+@pytest.mark.parametrize("early,stages,x3,intra,okd", [(True, 1, False, "split_inv", 16), (False, 2, True, "split", 128),
+                                                       (False, 1, True, "fused", 32)])
 @pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
-def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3, intra):
+def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3, intra, okd):
     """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
     cumsum programs, four w / kg / u blocks) and 8- / 16-column state tiles, as the CDNA / sm_90
     launch tables split the 128-wide heads (issue 9), with the state pass's loads issued before
     or after its stores and its chunk loop pipelined or not, and A's products as FP32 or as 3xTF32
     with TF32 allowed (the sm_90 table; exact in the interpreter, the H200 bound is in
     bench_delta_rule.py), and the in-chunk step fused or split into per-16-row-block ``A``
-    programs + a solve launch (with or without a separate 16x16-block inverse launch): same results
-    as fla's naive recurrences, checkpoints included."""
+    programs + a solve launch (with or without a separate 16x16-block inverse launch), and the output
+    step's ``(q e^G) h_c`` over key blocks of 16 / 32 (norm factor, scale and GDN decay applied to
+    the accumulated block) or in one piece: same results as fla's naive recurrences, checkpoints
+    included."""
     from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -116,7 +118,7 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
                          state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages,
                          intra_precision="tf32x3" if x3 else "ieee", intra_split=intra != "fused",
-                         intra_inv=intra == "split_inv", intra_a_kd=16)
+                         intra_inv=intra == "split_inv", intra_a_kd=16, output_kd=okd, output_stages=2)
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
@@ -140,12 +142,15 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
         torch.testing.assert_close(ck[i].double(), saved[0], rtol=2e-5, atol=2e-5)
 
 
-def test_state_pass_with_bf16_rounded_state_products_stays_within_the_bf16_bound():
-    """``state_lowp`` (the sm_90 table, issue 4): with BF16 scratch the state pass multiplies the state
-    and ``v_new`` rounded to BF16 (as fla's state pass; on the GPU one BF16 tensor-core product, here
-    the interpreter's FP32 product of the same rounded operands). 100 tokens, bounded KDA gate:
-    output and final state within 1.5e-2 relative of the FP64 recurrence (measured 5.0e-3 / 8.0e-3;
-    5.0e-3 / 5.0e-3 without the rounding), and the flag changes the state (the rounding is applied)."""
+@pytest.mark.parametrize("flag", ["state_lowp", "output_lowp"])
+def test_bf16_rounded_products_stay_within_the_bf16_bound(flag):
+    """``state_lowp`` / ``output_lowp`` (the sm_90 table, issue 4): with BF16 scratch the state pass
+    multiplies the state and ``v_new`` rounded to BF16 (as fla's state pass), the output step
+    ``q e^G`` and ``Aqk`` (as fla's output step); on the GPU one BF16 tensor-core product each, here
+    the interpreter's FP32 product of the same rounded operands. 100 tokens, bounded KDA gate:
+    output and final state within 1.5e-2 relative of the FP64 recurrence (measured 5.0e-3 / 8.0e-3
+    with state_lowp; 5.0e-3 / 5.0e-3 without any rounding), and the flag changes what it rounds
+    (state_lowp: the final state; output_lowp: the output, not the state)."""
     from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
 
@@ -157,16 +162,18 @@ def test_state_pass_with_bf16_rounded_state_products_stays_within_the_bf16_bound
     ro, rS, _ = gated_delta_recurrent(l2_norm(q), l2_norm(k), v, kda_gate(f, A, dtb, -5.0), torch.sigmoid(b),
                                       acc_dtype=torch.float64)
     rel = lambda a, r: float((a.double() - r).norm() / r.norm())  # noqa: E731
-    finals = []
+    finals, outs = [], []
     for lowp in (True, False):
         pool = torch.zeros(1, H, K, V)
-        launch = ChunkLaunch("t", intra_kd=16, state_kd=16, state_bv=16, value_tile=16, state_lowp=lowp)
+        launch = ChunkLaunch("t", intra_kd=16, state_kd=16, state_bv=16, value_tile=16, **{flag: lowp})
         o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]),
                                        torch.tensor([0], dtype=torch.int32), GATE_KDA_SAFE, -5.0, K ** -0.5, True, "kv", [],
                                        None, [T], scratch_dtype=torch.bfloat16, launch=launch)
         assert rel(o, ro) < 1.5e-2 and rel(pool[0], rS) < 1.5e-2
         finals.append(pool[0].clone())
-    assert not torch.equal(finals[0], finals[1])
+        outs.append(o.clone())
+    assert not torch.equal(outs[0], outs[1])
+    assert torch.equal(finals[0], finals[1]) == (flag == "output_lowp")
 
 
 def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):

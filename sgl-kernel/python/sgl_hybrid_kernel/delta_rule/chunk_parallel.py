@@ -61,7 +61,10 @@ class ChunkLaunch:
     ``state_lowp``: the state pass's products take the state / ``v_new`` rounded to the scratch dtype
     (BF16 scratch: BF16 tensor-core products with FP32 accumulation, as fla's state pass; FP32
     scratch: unchanged);
-    ``value_tile``: value columns per output program. Every entry is compiled by
+    ``value_tile``: value columns per output program; ``output_lowp``: the output step's two
+    products take ``q e^G`` and ``Aqk`` rounded to the BF16 scratch (BF16 tensor-core products with
+    FP32 accumulation, as fla's output step; FP32 scratch: unchanged); ``output_kd`` /
+    ``output_stages``: key block and software-pipelining stages of its ``(q e^G) h_c`` loop. Every entry is compiled by
     ``compile_gate`` for its arch and must be free of spills there (issue 9).
     ``tuned`` is False for an entry not timed on that part (the dispatch log says so).
     """
@@ -90,6 +93,9 @@ class ChunkLaunch:
     state_lowp: bool = False
     value_tile: int = 32
     output_warps: int = 8
+    output_lowp: bool = False
+    output_kd: int = 128
+    output_stages: int = 1
     tuned: bool = True
     source: str = ""
 
@@ -100,6 +106,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
                                intra_a_stages=3, intra_inv=True, intra_inv_warps=4, intra_solve_warps=8,
                                state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
+                               value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
     ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
@@ -142,8 +149,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     :func:`gated_delta_chunk_parallel` launches; ``compile_gate`` compiles the same dicts.
     Cached per argument tuple (a launch costs no dict building on the host): do not mutate the result.
     ``grid_tail``: the grid's value-tile / channel-block / row-block dimension; ``num_stages``
-    (``intra_a`` only): the software-pipelining stages it is launched and compile-gated with (the
-    other parts: Triton's default). ``interpret``: CPU tensors (Triton interpreter; ``state_lowp``
+    (``intra_a`` and ``output``): the software-pipelining stages it is launched and compile-gated
+    with (the other parts: Triton's default). ``interpret``: CPU tensors (Triton interpreter; ``state_lowp``
     then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong)."""
     BK = triton.next_power_of_2(K)
     BVP = triton.next_power_of_2(V)
@@ -184,7 +191,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                            EARLY=launch.state_early,
                                            LOWP=(2 if interpret else 1) if launch.state_lowp and not ckpt else 0),
                   num_warps or launch.state_warps, (triton.cdiv(V, sbv),)),
-        "output": (chunk_output_kernel, dict(**common, BV=obv), num_warps or launch.output_warps, (triton.cdiv(V, obv),)),
+        "output": (chunk_output_kernel, dict(**common, BV=obv, LOWP=(2 if interpret else 1) if launch.output_lowp else 0,
+                                             KD=min(launch.output_kd, BK)),
+                   num_warps or launch.output_warps, (triton.cdiv(V, obv),), launch.output_stages),
     }
 
 
@@ -367,6 +376,6 @@ def gated_delta_chunk_parallel(
         kern[grid + (S * HV,)](
             k, G, kg, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
             ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp), **cx, num_warps=nw)
-    kern, cx, nw, grid = p["output"]
-    kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw)
+    kern, cx, nw, grid, ns = p["output"]
+    kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)
     return o

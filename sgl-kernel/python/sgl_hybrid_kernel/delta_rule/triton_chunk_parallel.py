@@ -701,6 +701,20 @@ def _sdot(a, b, TF32: tl.constexpr, LOWP: tl.constexpr):
 
 
 @triton.jit
+def _odot(a, b, TF32: tl.constexpr, LOWP: tl.constexpr):
+    """Output-step product, FP32 accumulation, ``b`` in its stored (scratch) dtype: FP32 operands
+    through ``_dot``; ``LOWP`` 1: the FP32 left operand (``q e^G`` / ``Aqk``) rounded to ``b``'s
+    16-bit dtype instead (one BF16 tensor-core product, as fla's output step); 2: the same
+    rounding multiplied as FP32 (the CPU interpreter, as :func:`_sdot`)."""
+    if LOWP == 1 and b.dtype != tl.float32:
+        return tl.dot(a.to(b.dtype), b)
+    elif LOWP == 2 and b.dtype != tl.float32:
+        return _dot(a.to(b.dtype).to(tl.float32), b.to(tl.float32), TF32)
+    else:
+        return _dot(a, b.to(tl.float32), TF32)
+
+
+@triton.jit
 def _state_at(S, vn, k_ptr, g_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, kd,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KD: tl.constexpr, GATE: tl.constexpr, TF32: tl.constexpr):
     """Key block ``kd`` of the state after the first ``p`` tokens of the chunk (row ``pr``), with the
@@ -920,7 +934,10 @@ def chunk_output_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     TF32: tl.constexpr,
+    LOWP: tl.constexpr = 0,  # products with q e^G and Aqk rounded to the scratch dtype (_odot)
+    KD: tl.constexpr = 128,  # key block of the (q e^G) h_c product (BK: one block)
 ):
+    """Step [4]: ``o = (q e^G) h_c + Aqk v_new`` for one chunk, head and ``BV`` value columns."""
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -939,13 +956,48 @@ def chunk_output_kernel(
     tok = bos + rows
     tokc = bos + tl.minimum(rows, T - 1)
     m_tv = m_t[:, None] & m_v[None, :]
-    q = _load_qk(q_ptr, tok, m_t, i_h, o_k, m_k, H, K, L2NORM) * scale
-    if GATE == 2:
-        qg = q * tl.exp(tl.load(g_ptr + tokc * HV + i_hv))[:, None]
+    if KD >= BK:  # one key block, straight-line (the CDNA entries; a one-trip loop was 1.8x slower on the H200)
+        q = _load_qk(q_ptr, tok, m_t, i_h, o_k, m_k, H, K, L2NORM) * scale
+        if GATE == 2:
+            qg = q * tl.exp(tl.load(g_ptr + tokc * HV + i_hv))[:, None]
+        else:
+            qg = q * tl.exp(tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_k[None, :], other=0.0))
+        oq = _odot(qg, tl.load(h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
+                               mask=m_k[:, None] & m_v[None, :], other=0.0), TF32, LOWP)
     else:
-        qg = q * tl.exp(tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_k[None, :], other=0.0))
-    h = tl.load(h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+        oq = _output_kblocks(q_ptr, g_ptr, h_ptr, tok, tokc, m_t, i_c, i_h, i_hv, o_v, m_v, scale, H, HV, K, V, BK, BV, BT, KD,
+                             GATE, L2NORM, TF32, LOWP)
     aq = tl.load(aqk_ptr + (tok[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
-    vn = tl.load(vn_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
-    o = _dot(qg, h, TF32) + _dot(aq, vn, TF32)
+    vn = tl.load(vn_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0)
+    o = oq + _odot(aq, vn, TF32, LOWP)
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], o.to(o_ptr.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _output_kblocks(q_ptr, g_ptr, h_ptr, tok, tokc, m_t, i_c, i_h, i_hv, o_v, m_v, scale,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, BT: tl.constexpr, KD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
+                    TF32: tl.constexpr, LOWP: tl.constexpr):
+    """``(q e^G) h_c`` (L2-normalised, scaled q) over key blocks of ``KD`` (software-pipelined by the
+    launch's stages); the rows' norm factor, scale and GDN scalar decay commute with the product
+    and are applied to the accumulated ``[BT, BV]`` block."""
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    ss = tl.zeros([BT], dtype=tl.float32)
+    h_base = h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V
+    for kd in range(0, BK, KD):
+        o_d = kd + tl.arange(0, KD)
+        m_d = o_d < K
+        x = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        if L2NORM:
+            ss += tl.sum(x * x, axis=1)
+        if GATE != 2:
+            x = x * tl.exp(tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_d[None, :], mask=m_d[None, :], other=0.0))
+        hb = tl.load(h_base + o_d[:, None] * V + o_v[None, :], mask=m_d[:, None] & m_v[None, :], other=0.0)
+        acc += _odot(x, hb, TF32, LOWP)
+    if L2NORM:
+        rs = tl.rsqrt(ss + 1e-6) * scale
+    else:
+        rs = ss + scale
+    if GATE == 2:
+        rs = rs * tl.exp(tl.load(g_ptr + tokc * HV + i_hv))
+    return acc * rs[:, None]
