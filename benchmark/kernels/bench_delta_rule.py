@@ -840,6 +840,11 @@ CHUNK_STATE_VARIANTS = [
     ("out_lowp_bv64_w4_kd32_st2", dict(output_lowp=True, value_tile=64, output_warps=4, output_kd=32, output_stages=2)),
     ("out_lowp_bv128_w4_kd32_st3", dict(output_lowp=True, value_tile=128, output_warps=4, output_kd=32, output_stages=3)),
     ("out_lowp_bv128_w4_kd16_st3", dict(output_lowp=True, value_tile=128, output_warps=4, output_kd=16, output_stages=3)),
+    # w / u steps over the table as BF16 products (2026-11-30: the diagonal 16x16 inverses as 3xTF32
+    # were also timed, variants inv_x3*, slower: option removed)
+    ("solve_lowp", dict(intra_solve_lowp=True)),
+    ("solve_lowp_w4", dict(intra_solve_lowp=True, intra_solve_warps=4)),
+    ("solve_lowp_bv64", dict(intra_solve_lowp=True, intra_bv=64)),
 ]
 
 

@@ -57,7 +57,9 @@ class ChunkLaunch:
     (chunk, head) with ``intra_solve_warps`` (``A`` through an FP32 scratch), instead of the fused
     ``chunk_intra_kernel`` with ``intra_warps``; ``intra_inv`` (split only): the inverse by a third launch
     between those two, its ten 16x16 blocks as small products in ``intra_inv_warps`` warps per
-    (chunk, head), written over ``A`` (FP32);
+    (chunk, head), written over ``A`` (FP32); ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
+    their right operands rounded to the BF16 scratch (as fla's recompute of w / u; FP32 scratch:
+    unchanged);
     ``state_lowp``: the state pass's products take the state / ``v_new`` rounded to the scratch dtype
     (BF16 scratch: BF16 tensor-core products with FP32 accumulation, as fla's state pass; FP32
     scratch: unchanged);
@@ -84,6 +86,7 @@ class ChunkLaunch:
     intra_solve_warps: int = 4
     intra_inv: bool = False
     intra_inv_warps: int = 2
+    intra_solve_lowp: bool = False
     state_kd: int = 64
     state_bv: int = 32
     state_bv_ckpt: int = 8
@@ -107,6 +110,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
                                intra_a_stages=3, intra_inv=True, intra_inv_warps=4, intra_solve_warps=8,
                                state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
+                               intra_solve_lowp=True, intra_bv=64,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
     ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
@@ -170,7 +174,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                    KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec),
                         launch.intra_a_warps, (BT // BC,), launch.intra_a_stages),
             "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
-                                                           APREC=aprec, INV=launch.intra_inv),
+                                                           APREC=aprec, INV=launch.intra_inv,
+                                                           LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0),
                             launch.intra_solve_warps, ()),
         }
         if launch.intra_inv:

@@ -476,6 +476,7 @@ def chunk_intra_solve_kernel(
     TF32: tl.constexpr,
     APREC: tl.constexpr = "ieee",
     INV: tl.constexpr = False,  # a_ptr already holds the finished inverse M (chunk_intra_inv_kernel)
+    LOWP: tl.constexpr = 0,  # w / u products with M and their right operands rounded to the scratch dtype (_wdot)
 ):
     """Split in-chunk step, part 2: grid (chunks, HV); ``M = (I + A)^-1`` by the same block forward
     substitution as the fused kernel (diagonal blocks read straight from the FP32 ``A``), or with
@@ -506,7 +507,7 @@ def chunk_intra_solve_kernel(
         M = _solve_rows(a_ptr, o_t, o_c, T, i_hv, HV, BT, BC, APREC)
     rn_all = _rnorm(k_ptr, o_t, m_t, i_h, H, K, BK, KD, L2NORM)
     _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, 0, T, 0, o_t, tokc, m_t, rn_all, i_h, i_hv,
-             0, V, 0, BK, H, HV, K, V, BV, BT, GATE, KD, TF32)
+             0, V, 0, BK, H, HV, K, V, BV, BT, GATE, KD, TF32, LOWP)
 
 
 @triton.jit
@@ -596,16 +597,31 @@ def chunk_intra_inv_kernel(
 
 
 @triton.jit
+def _wdot(M, X, dt: tl.constexpr, TF32: tl.constexpr, LOWP: tl.constexpr):
+    """``M X`` for ``w`` / ``u``, FP32 accumulation: FP32 operands through ``_dot``; ``LOWP`` 1 with a
+    16-bit scratch ``dt``: the finished inverse ``M`` and ``X`` rounded to ``dt`` (one BF16 tensor-core
+    product, as fla's recompute of w / u; the issue lets the finished inverse be rounded to BF16);
+    2: the same rounding multiplied as FP32 (the CPU interpreter, as :func:`_sdot`)."""
+    if LOWP == 1 and dt != tl.float32:
+        return tl.dot(M.to(dt), X.to(dt))
+    elif LOWP == 2 and dt != tl.float32:
+        return _dot(M.to(dt).to(tl.float32), X.to(dt).to(tl.float32), TF32)
+    else:
+        return _dot(M, X, TF32)
+
+
+@triton.jit
 def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok, tokc, m_t, rn_all, i_h, i_hv,
              v_lo, v_hi, k_lo, k_hi, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-             BV: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, KD: tl.constexpr, TF32: tl.constexpr):
+             BV: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, KD: tl.constexpr, TF32: tl.constexpr,
+             LOWP: tl.constexpr = 0):
     """``u = M (beta v)`` for value columns ``v_lo .. v_hi`` (blocks of ``BV``), ``w = M (beta k e^G)``
     and ``kg = k e^{G_last - G}`` for key channels ``k_lo .. k_hi`` (blocks of ``KD``) of one chunk."""
     beta_all = tl.load(b_ptr + tok * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     beta_all = tl.where(m_t, 1.0 / (1.0 + tl.exp(-beta_all)), 0.0)
     for v0 in range(v_lo, v_hi, BV):
         vb = _tile(v_ptr, tok, m_t, i_hv, HV, V, v0, BV)
-        u = _dot(M, vb * beta_all[:, None], TF32)
+        u = _wdot(M, vb * beta_all[:, None], u_ptr.dtype.element_ty, TF32, LOWP)
         o_v = v0 + tl.arange(0, BV)
         tl.store(u_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], u.to(u_ptr.dtype.element_ty), mask=m_t[:, None] & (o_v < V)[None, :])
     tokl = bos + tl.minimum(c * BT + BT - 1, T - 1)  # the chunk's last row: reference of the state update
@@ -627,7 +643,7 @@ def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok
         else:
             kb = kt * rb[:, None]
             kg = kt * rl[:, None]
-        w = _dot(M, kb, TF32)
+        w = _wdot(M, kb, w_ptr.dtype.element_ty, TF32, LOWP)
         m_td = m_t[:, None] & (o_d < K)[None, :]
         tl.store(w_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], w.to(w_ptr.dtype.element_ty), mask=m_td)
         tl.store(kg_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], kg.to(kg_ptr.dtype.element_ty), mask=m_td)
