@@ -476,7 +476,7 @@ def chunk_intra_solve_kernel(
     TF32: tl.constexpr,
     APREC: tl.constexpr = "ieee",
     INV: tl.constexpr = False,  # a_ptr already holds the finished inverse M (chunk_intra_inv_kernel)
-    LOWP: tl.constexpr = 0,  # w / u products with M and their right operands rounded to the scratch dtype (_wdot)
+    LOWP: tl.constexpr = 0,  # w / u products with M and their right operands rounded to the scratch dtype (_rdot)
 ):
     """Split in-chunk step, part 2: grid (chunks, HV); ``M = (I + A)^-1`` by the same block forward
     substitution as the fused kernel (diagonal blocks read straight from the FP32 ``A``), or with
@@ -597,20 +597,6 @@ def chunk_intra_inv_kernel(
 
 
 @triton.jit
-def _wdot(M, X, dt: tl.constexpr, TF32: tl.constexpr, LOWP: tl.constexpr):
-    """``M X`` for ``w`` / ``u``, FP32 accumulation: FP32 operands through ``_dot``; ``LOWP`` 1 with a
-    16-bit scratch ``dt``: the finished inverse ``M`` and ``X`` rounded to ``dt`` (one BF16 tensor-core
-    product, as fla's recompute of w / u; the issue lets the finished inverse be rounded to BF16);
-    2: the same rounding multiplied as FP32 (the CPU interpreter, as :func:`_sdot`)."""
-    if LOWP == 1 and dt != tl.float32:
-        return tl.dot(M.to(dt), X.to(dt))
-    elif LOWP == 2 and dt != tl.float32:
-        return _dot(M.to(dt).to(tl.float32), X.to(dt).to(tl.float32), TF32)
-    else:
-        return _dot(M, X, TF32)
-
-
-@triton.jit
 def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok, tokc, m_t, rn_all, i_h, i_hv,
              v_lo, v_hi, k_lo, k_hi, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              BV: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, KD: tl.constexpr, TF32: tl.constexpr,
@@ -621,7 +607,7 @@ def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok
     beta_all = tl.where(m_t, 1.0 / (1.0 + tl.exp(-beta_all)), 0.0)
     for v0 in range(v_lo, v_hi, BV):
         vb = _tile(v_ptr, tok, m_t, i_hv, HV, V, v0, BV)
-        u = _wdot(M, vb * beta_all[:, None], u_ptr.dtype.element_ty, TF32, LOWP)
+        u = _rdot(M, vb * beta_all[:, None], u_ptr.dtype.element_ty, TF32, LOWP)
         o_v = v0 + tl.arange(0, BV)
         tl.store(u_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], u.to(u_ptr.dtype.element_ty), mask=m_t[:, None] & (o_v < V)[None, :])
     tokl = bos + tl.minimum(c * BT + BT - 1, T - 1)  # the chunk's last row: reference of the state update
@@ -643,7 +629,7 @@ def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok
         else:
             kb = kt * rb[:, None]
             kg = kt * rl[:, None]
-        w = _wdot(M, kb, w_ptr.dtype.element_ty, TF32, LOWP)
+        w = _rdot(M, kb, w_ptr.dtype.element_ty, TF32, LOWP)
         m_td = m_t[:, None] & (o_d < K)[None, :]
         tl.store(w_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], w.to(w_ptr.dtype.element_ty), mask=m_td)
         tl.store(kg_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], kg.to(kg_ptr.dtype.element_ty), mask=m_td)
@@ -702,32 +688,19 @@ def _tile_raw(ptr, tok, m_t, i_h, H: tl.constexpr, K: tl.constexpr, kd, KD: tl.c
 
 
 @triton.jit
-def _sdot(a, b, TF32: tl.constexpr, LOWP: tl.constexpr):
-    """State-pass product, FP32 accumulation: FP32 operands (converted from the stored dtype here)
-    through ``_dot``. ``LOWP`` 1: the FP32 right operand (state / ``v_new``) is rounded to the stored
-    dtype of ``a`` instead (BF16 scratch: one BF16 tensor-core product, as fla's state pass); 2: the
-    same rounding, multiplied as FP32 (what the CPU interpreter runs: its BF16 ``tl.dot`` multiplies
-    raw bits, checked with triton 3.8)."""
-    if LOWP == 1 and a.dtype != tl.float32:
-        return tl.dot(a, b.to(a.dtype))
-    elif LOWP == 2 and a.dtype != tl.float32:
-        return _dot(a.to(tl.float32), b.to(a.dtype).to(tl.float32), TF32)
+def _rdot(a, b, dt: tl.constexpr, TF32: tl.constexpr, LOWP: tl.constexpr):
+    """Product with FP32 accumulation for the chunk steps whose operands may be rounded to the
+    16-bit scratch dtype ``dt`` (``state_lowp``, ``intra_solve_lowp``, ``output_lowp``). ``LOWP``
+    0 or an FP32 ``dt``: FP32 operands through ``_dot``; 1: both operands rounded to ``dt``, one
+    BF16 tensor-core product (as fla's state pass, recompute of w / u and output step); 2: the same
+    rounding multiplied as FP32 (what the CPU interpreter runs: its BF16 ``tl.dot`` multiplies raw
+    bits, checked with triton 3.8)."""
+    if LOWP == 1 and dt != tl.float32:
+        return tl.dot(a.to(dt), b.to(dt))
+    elif LOWP == 2 and dt != tl.float32:
+        return _dot(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), TF32)
     else:
         return _dot(a.to(tl.float32), b.to(tl.float32), TF32)
-
-
-@triton.jit
-def _odot(a, b, TF32: tl.constexpr, LOWP: tl.constexpr):
-    """Output-step product, FP32 accumulation, ``b`` in its stored (scratch) dtype: FP32 operands
-    through ``_dot``; ``LOWP`` 1: the FP32 left operand (``q e^G`` / ``Aqk``) rounded to ``b``'s
-    16-bit dtype instead (one BF16 tensor-core product, as fla's output step); 2: the same
-    rounding multiplied as FP32 (the CPU interpreter, as :func:`_sdot`)."""
-    if LOWP == 1 and b.dtype != tl.float32:
-        return tl.dot(a.to(b.dtype), b)
-    elif LOWP == 2 and b.dtype != tl.float32:
-        return _dot(a.to(b.dtype).to(tl.float32), b.to(tl.float32), TF32)
-    else:
-        return _dot(a, b.to(tl.float32), TF32)
 
 
 @triton.jit
@@ -789,7 +762,7 @@ def chunk_state_kernel(
     TF32: tl.constexpr,
     STAGES: tl.constexpr = 1,  # software-pipelining stages of the chunk loop (next chunks' w / kg / u in flight)
     EARLY: tl.constexpr = True,  # issue the step's loads before its stores
-    LOWP: tl.constexpr = 0,  # state products with the state / v_new rounded to the scratch dtype (_sdot)
+    LOWP: tl.constexpr = 0,  # state products with the state / v_new rounded to the scratch dtype (_rdot)
 ):
     tl.static_assert(BK <= 4 * KD, "the state is held as at most four key blocks")
     i_v = tl.program_id(0)
@@ -862,22 +835,22 @@ def chunk_state_kernel(
         _state_store(p_h, S0, 0, KD, K, V, o_v, 1, m_v)
         if not EARLY:
             w0 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
-        vn = u.to(tl.float32) - _sdot(w0, S0, TF32, LOWP)
+        vn = u.to(tl.float32) - _rdot(w0, S0, w0.dtype, TF32, LOWP)
         if BK > KD:
             _state_store(p_h, S1, KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w1 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
-            vn -= _sdot(w1, S1, TF32, LOWP)
+            vn -= _rdot(w1, S1, w1.dtype, TF32, LOWP)
         if BK > 2 * KD:
             _state_store(p_h, S2, 2 * KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w2 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
-            vn -= _sdot(w2, S2, TF32, LOWP)
+            vn -= _rdot(w2, S2, w2.dtype, TF32, LOWP)
         if BK > 3 * KD:
             _state_store(p_h, S3, 3 * KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w3 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
-            vn -= _sdot(w3, S3, TF32, LOWP)
+            vn -= _rdot(w3, S3, w3.dtype, TF32, LOWP)
         tl.store(vnc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         if CKPT:
             rn = _rnorm(kc_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
@@ -912,13 +885,13 @@ def chunk_state_kernel(
                 kg3 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
                 d3 = _decay_last(gc_ptr, last, i_hv, 3 * KD, HV, K, KD, GATE)
         # S <- e^{G_last} S + kg^T v_new, key block by key block
-        S0 = S0 * d0 + _sdot(tl.trans(kg0), vn, TF32, LOWP)
+        S0 = S0 * d0 + _rdot(tl.trans(kg0), vn, kg0.dtype, TF32, LOWP)
         if BK > KD:
-            S1 = S1 * d1 + _sdot(tl.trans(kg1), vn, TF32, LOWP)
+            S1 = S1 * d1 + _rdot(tl.trans(kg1), vn, kg1.dtype, TF32, LOWP)
         if BK > 2 * KD:
-            S2 = S2 * d2 + _sdot(tl.trans(kg2), vn, TF32, LOWP)
+            S2 = S2 * d2 + _rdot(tl.trans(kg2), vn, kg2.dtype, TF32, LOWP)
         if BK > 3 * KD:
-            S3 = S3 * d3 + _sdot(tl.trans(kg3), vn, TF32, LOWP)
+            S3 = S3 * d3 + _rdot(tl.trans(kg3), vn, kg3.dtype, TF32, LOWP)
     if slot >= 0:
         _state_store(p_s, S0, 0, KD, K, s_k, o_v, s_v, m_v)
         if BK > KD:
@@ -950,7 +923,7 @@ def chunk_output_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     TF32: tl.constexpr,
-    LOWP: tl.constexpr = 0,  # products with q e^G and Aqk rounded to the scratch dtype (_odot)
+    LOWP: tl.constexpr = 0,  # products with q e^G and Aqk rounded to the scratch dtype (_rdot)
     KD: tl.constexpr = 128,  # key block of the (q e^G) h_c product (BK: one block)
 ):
     """Step [4]: ``o = (q e^G) h_c + Aqk v_new`` for one chunk, head and ``BV`` value columns."""
@@ -978,14 +951,15 @@ def chunk_output_kernel(
             qg = q * tl.exp(tl.load(g_ptr + tokc * HV + i_hv))[:, None]
         else:
             qg = q * tl.exp(tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_k[None, :], other=0.0))
-        oq = _odot(qg, tl.load(h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
-                               mask=m_k[:, None] & m_v[None, :], other=0.0), TF32, LOWP)
+        h = tl.load(h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
+                    mask=m_k[:, None] & m_v[None, :], other=0.0)
+        oq = _rdot(qg, h, h.dtype, TF32, LOWP)
     else:
         oq = _output_kblocks(q_ptr, g_ptr, h_ptr, tok, tokc, m_t, i_c, i_h, i_hv, o_v, m_v, scale, H, HV, K, V, BK, BV, BT, KD,
                              GATE, L2NORM, TF32, LOWP)
     aq = tl.load(aqk_ptr + (tok[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
     vn = tl.load(vn_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0.0)
-    o = oq + _odot(aq, vn, TF32, LOWP)
+    o = oq + _rdot(aq, vn, vn.dtype, TF32, LOWP)
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], o.to(o_ptr.dtype.element_ty), mask=m_tv)
 
 
@@ -1009,7 +983,7 @@ def _output_kblocks(q_ptr, g_ptr, h_ptr, tok, tokc, m_t, i_c, i_h, i_hv, o_v, m_
         if GATE != 2:
             x = x * tl.exp(tl.load(g_ptr + (tokc[:, None] * HV + i_hv) * K + o_d[None, :], mask=m_d[None, :], other=0.0))
         hb = tl.load(h_base + o_d[:, None] * V + o_v[None, :], mask=m_d[:, None] & m_v[None, :], other=0.0)
-        acc += _odot(x, hb, TF32, LOWP)
+        acc += _rdot(x, hb, hb.dtype, TF32, LOWP)
     if L2NORM:
         rs = tl.rsqrt(ss + 1e-6) * scale
     else:
