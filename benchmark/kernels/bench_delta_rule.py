@@ -845,6 +845,10 @@ CHUNK_STATE_VARIANTS = [
     ("solve_lowp", dict(intra_solve_lowp=True)),
     ("solve_lowp_w4", dict(intra_solve_lowp=True, intra_solve_warps=4)),
     ("solve_lowp_bv64", dict(intra_solve_lowp=True, intra_bv=64)),
+    # A / Aqk build's pipelining stages and the output loop's (over the shipped table; spill-free on sm_90)
+    ("a_st2", dict(intra_a_stages=2)),
+    ("a_st4", dict(intra_a_stages=4)),
+    ("out_st4", dict(output_stages=4)),
 ]
 
 

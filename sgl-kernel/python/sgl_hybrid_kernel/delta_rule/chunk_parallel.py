@@ -107,7 +107,7 @@ class ChunkLaunch:
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
-                               intra_a_stages=3, intra_inv=True, intra_inv_warps=4, intra_solve_warps=8,
+                               intra_a_stages=4, intra_inv=True, intra_inv_warps=4, intra_solve_warps=8,
                                state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
