@@ -849,6 +849,24 @@ CHUNK_STATE_VARIANTS = [
     ("a_st2", dict(intra_a_stages=2)),
     ("a_st4", dict(intra_a_stages=4)),
     ("out_st4", dict(output_stages=4)),
+    # A / Aqk build and the block inverse in one launch per (chunk, head) (2026-11-30, third round) was
+    # slower at every spill-free shape (benchmark/results/2026-11-30-h200-prefill_ainv_sweep.json; removed).
+    # Stacked A / Aqk programs (intra_a_stacked): key blocks outside the column blocks, [k; q] as one 32-row
+    # operand, row factors once per key block, per-pair [KD] factors only; warps x pipelining stages
+    ("stacked_w2_s2", dict(intra_a_stacked=True, intra_a_warps=2, intra_a_stages=2)),
+    ("stacked_w2_s3", dict(intra_a_stacked=True, intra_a_warps=2, intra_a_stages=3)),
+    ("stacked_w2_s4", dict(intra_a_stacked=True, intra_a_warps=2, intra_a_stages=4)),
+    ("stacked_w4_s2", dict(intra_a_stacked=True, intra_a_warps=4, intra_a_stages=2)),
+    ("stacked_w4_s3", dict(intra_a_stacked=True, intra_a_warps=4, intra_a_stages=3)),
+    ("stacked_w4_s4", dict(intra_a_stacked=True, intra_a_warps=4, intra_a_stages=4)),
+    # + the 16x16 diagonal inverses in the stacked A programs (intra_diag_inv), inverse launch warps,
+    # 32-column state tiles (more value tiles per sequence: B=8 fills fewer waves per tile)
+    ("stk_dinv", dict(intra_a_stacked=True, intra_a_warps=2, intra_a_stages=2, intra_diag_inv=True)),
+    ("stk_dinv_inv8", dict(intra_a_stacked=True, intra_a_warps=2, intra_a_stages=2, intra_diag_inv=True,
+                           intra_inv_warps=8)),
+    # (stk_sbv32 / stk_dinv_sbv32, state_bv=32: the FP32-scratch state pass needs 238,592 B of shared memory
+    # on the H200's triton 3.6, over its 232,448: dropped)
+    ("a_st3", dict(intra_a_stages=3)),
 ]
 
 
@@ -967,7 +985,10 @@ def bench_chunk_state(results, variants=None, baseline=None):
                 print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
                 continue
             if name not in fp64_errs:  # the same launch's numerics at every shape: check once
-                fp64_errs[name] = _fp64_chunk_err(fn)
+                try:  # FP32 inputs / scratch: a variant may not fit there (e.g. shared memory)
+                    fp64_errs[name] = _fp64_chunk_err(fn)
+                except Exception as exc:
+                    fp64_errs[name] = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
             fp64_err = fp64_errs[name]
             state_us = sum(t for kname, t in per.items() if "chunk_state" in kname)
             intra_us = sum(t for kname, t in per.items() if "chunk_intra" in kname)
@@ -979,10 +1000,10 @@ def bench_chunk_state(results, variants=None, baseline=None):
             if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
                 with open(PARTIAL_OUT, "w") as fh:
                     json.dump(results, fh, indent=1)
+            fp64_txt = f"{fp64_err:.1e}" if isinstance(fp64_err, float) else fp64_err
             print(f"  {B} {T} {name}: {ms:.3f} ms ({r['vs_fla']:.3f}x fla), kernels {tot:.0f} us (state {state_us:.0f}, "
                   f"intra {intra_us:.0f}), rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}, "
-                  f"vs FP64 {fp64_err:.1e}",
-                  flush=True)
+                  f"vs FP64 {fp64_txt}", flush=True)
         cp_mod.CHUNK_LAUNCH[key] = base
         del q, k, v, f, b
         torch.cuda.empty_cache()

@@ -26,6 +26,7 @@ NOT_LAUNCHED = {
     # chunk-64 in-chunk step: the sm_90 table splits it (intra_split / intra_inv), the CDNA tables keep the fused kernel
     "chunk_intra_kernel": ({"sm90"}, "the sm90x132 launch entry (also the base of untuned CUDA parts) runs the split step"),
     "chunk_intra_a_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
+    "chunk_intra_arow_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
     "chunk_intra_inv_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
     "chunk_intra_solve_kernel": ({"gfx942", "gfx950"}, "the CDNA launch entries run the fused chunk_intra_kernel"),
 }

@@ -88,7 +88,7 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
 
 
 @pytest.mark.parametrize("early,stages,x3,intra,okd", [(True, 1, False, "split_inv", 16), (False, 2, True, "split", 128),
-                                                       (False, 1, True, "fused", 32)])
+                                                       (False, 1, True, "fused", 32), (True, 3, True, "stacked", 32), (False, 2, True, "stacked_a", 16)])
 @pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
 def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3, intra, okd):
     """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
@@ -97,7 +97,10 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     or after its stores and its chunk loop pipelined or not, and A's products as FP32 or as 3xTF32
     with TF32 allowed (the sm_90 table; exact in the interpreter, the H200 bound is in
     bench_delta_rule.py), and the in-chunk step fused or split into per-16-row-block ``A``
-    programs + a solve launch (with or without a separate 16x16-block inverse launch), and the output
+    programs + a solve launch (with or without a separate 16x16-block inverse launch; the ``A``
+    programs also in the stacked form, ``intra_a_stacked``, with and without the diagonal inverses
+    computed there, ``intra_diag_inv``: bounded KDA gate and GDN, the unbounded gate keeps the
+    plain form), and the output
     step's ``(q e^G) h_c`` over key blocks of 16 / 32 (norm factor, scale and GDN decay applied to
     the accumulated block) or in one piece: same results as fla's naive recurrences, checkpoints
     included."""
@@ -118,7 +121,8 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
                          state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages,
                          intra_precision="tf32x3" if x3 else "ieee", intra_split=intra != "fused",
-                         intra_inv=intra == "split_inv", intra_a_kd=16, output_kd=okd, output_stages=2)
+                         intra_inv=intra in ("split_inv", "stacked"), intra_a_kd=16, output_kd=okd, output_stages=2,
+                         intra_a_stacked=intra.startswith("stacked"), intra_diag_inv=intra == "stacked")
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,

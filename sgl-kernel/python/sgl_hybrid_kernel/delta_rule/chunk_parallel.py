@@ -21,6 +21,7 @@ import triton
 from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import (
     chunk_gate_cumsum_kernel,
     chunk_intra_a_kernel,
+    chunk_intra_arow_kernel,
     chunk_intra_inv_kernel,
     chunk_intra_kernel,
     chunk_intra_solve_kernel,
@@ -57,7 +58,14 @@ class ChunkLaunch:
     (chunk, head) with ``intra_solve_warps`` (``A`` through an FP32 scratch), instead of the fused
     ``chunk_intra_kernel`` with ``intra_warps``; ``intra_inv`` (split only): the inverse by a third launch
     between those two, its ten 16x16 blocks as small products in ``intra_inv_warps`` warps per
-    (chunk, head), written over ``A`` (FP32); ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
+    (chunk, head), written over ``A`` (FP32); ``intra_a_stacked`` (split only; bounded KDA gate and GDN):
+    the ``A`` / ``Aqk`` programs as ``chunk_intra_arow_kernel`` (same grid, warps, ``intra_a_kd`` and
+    stages: key blocks in the outer loop, ``[k; q]`` stacked into one 32-row operand, the row factors
+    exponentiated once per key block; the unbounded KDA gate keeps ``chunk_intra_a_kernel``);
+    ``intra_diag_inv`` (with ``intra_a_stacked`` and ``intra_inv``): the 16x16 diagonal inverses
+    ``(I + A_ii)^-1`` computed by the stacked ``A`` programs (one per row block, stored in place of
+    ``A_ii``), so the inverse launch only merges the off-diagonal blocks;
+    ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
     their right operands rounded to the BF16 scratch (as fla's recompute of w / u; FP32 scratch:
     unchanged);
     ``state_lowp``: the state pass's products take the state / ``v_new`` rounded to the scratch dtype
@@ -86,6 +94,8 @@ class ChunkLaunch:
     intra_solve_warps: int = 4
     intra_inv: bool = False
     intra_inv_warps: int = 2
+    intra_a_stacked: bool = False
+    intra_diag_inv: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
     state_bv: int = 32
@@ -107,7 +117,8 @@ class ChunkLaunch:
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
-                               intra_a_stages=4, intra_inv=True, intra_inv_warps=4, intra_solve_warps=8,
+                               intra_a_stages=2, intra_a_stacked=True, intra_diag_inv=True, intra_inv=True,
+                               intra_inv_warps=4, intra_solve_warps=8,
                                state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
@@ -168,18 +179,24 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     aprec = launch.intra_precision if tf32 and (kind == GATE_GDN or factorized) else "ieee"
     kd = min(launch.intra_kd, BK)
     if launch.intra_split:
+        stacked = launch.intra_a_stacked and (kind == GATE_GDN or factorized)
+        diag_inv = stacked and launch.intra_inv and launch.intra_diag_inv
+        if stacked:
+            a_part = (chunk_intra_arow_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
+                                                    KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv))
+        else:
+            a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
+                                                 FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
+                                                 KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec))
         intra = {
-            "intra_a": (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
-                                                   FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
-                                                   KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec),
-                        launch.intra_a_warps, (BT // BC,), launch.intra_a_stages),
+            "intra_a": a_part + (launch.intra_a_warps, (BT // BC,), launch.intra_a_stages),
             "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
                                                            APREC=aprec, INV=launch.intra_inv,
                                                            LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0),
                             launch.intra_solve_warps, ()),
         }
         if launch.intra_inv:
-            intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec),
+            intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv),
                                   launch.intra_inv_warps, ())
     else:
         intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,

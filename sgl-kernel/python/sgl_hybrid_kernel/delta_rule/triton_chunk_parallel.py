@@ -547,27 +547,42 @@ def chunk_intra_inv_kernel(
     BT: tl.constexpr,
     BC: tl.constexpr,
     APREC: tl.constexpr = "ieee",
+    DIAG_INV: tl.constexpr = False,  # the diagonal blocks at a_ptr already hold M_ii (chunk_intra_arow_kernel)
 ):
     """Split in-chunk step, inverse only (BT = 4 BC): grid (chunks, HV); all ten ``[BC, BC]`` blocks of
     the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
-    ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE), ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj``
-    (``APREC``: FP32 inputs and accumulation); every block is read before any is written."""
+    ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE; read as stored with ``DIAG_INV``),
+    ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj`` (``APREC``: FP32 inputs and accumulation); every block is
+    read before any is written."""
     tl.static_assert(BT == 4 * BC, "the inverse kernel is written for four diagonal blocks")
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
     a_ptr = a_ptr + t0 * (HV * BT)
     o_c = tl.arange(0, BC)
-    A10 = _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC)
-    A20 = _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC)
-    A21 = _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC)
-    A30 = _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC)
-    A31 = _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC)
-    A32 = _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC)
-    M00 = _tril_inverse_16(_ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC), BC)
-    M11 = _tril_inverse_16(_ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC), BC)
-    M22 = _tril_inverse_16(_ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC), BC)
-    M33 = _tril_inverse_16(_ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC)
+    M00, M10, M11, M20, M21, M22, M30, M31, M32, M33 = _block_inverse(
+        _ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC),
+        _ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC),
+        _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC),
+        _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC),
+        _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC, APREC, DIAG_INV)
+    _store_lower(a_ptr, M00, M10, M11, M20, M21, M22, M30, M31, M32, M33, o_c, T, i_hv, HV, BT, BC)
+
+
+@triton.jit
+def _block_inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.constexpr, APREC: tl.constexpr,
+                   DIAG_INV: tl.constexpr = False):
+    """The ten lower ``[BC, BC]`` blocks of ``M = (I + A)^-1`` (``BT = 4 BC``) from those of the strictly
+    lower ``A``: ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE; with ``DIAG_INV`` the diagonal
+    arguments already are ``M_ii``), ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj`` (``APREC``: FP32 inputs and
+    accumulation)."""
+    if DIAG_INV:
+        M00, M11, M22, M33 = A00, A11, A22, A33
+    else:
+        M00 = _tril_inverse_16(A00, BC)
+        M11 = _tril_inverse_16(A11, BC)
+        M22 = _tril_inverse_16(A22, BC)
+        M33 = _tril_inverse_16(A33, BC)
     M10 = -tl.dot(M11, tl.dot(A10, M00, input_precision=APREC), input_precision=APREC)
     M21 = -tl.dot(M22, tl.dot(A21, M11, input_precision=APREC), input_precision=APREC)
     M32 = -tl.dot(M33, tl.dot(A32, M22, input_precision=APREC), input_precision=APREC)
@@ -577,23 +592,202 @@ def chunk_intra_inv_kernel(
                   input_precision=APREC)
     M30 = -tl.dot(M33, tl.dot(A30, M00, input_precision=APREC) + tl.dot(A31, M10, input_precision=APREC)
                   + tl.dot(A32, M20, input_precision=APREC), input_precision=APREC)
+    return M00, M10, M11, M20, M21, M22, M30, M31, M32, M33
+
+
+@triton.jit
+def _store_lower(a_ptr, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, o_c, T, i_hv,
+                 HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Store ten lower ``[BC, BC]`` blocks as the ``[BT, BT]`` rows at ``a_ptr`` (upper blocks as zeros)."""
     zero = tl.zeros([BC, BC], dtype=tl.float32)
-    _sblk(a_ptr, M00, 0, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X00, 0, 0, o_c, T, i_hv, HV, BT, BC)
     _sblk(a_ptr, zero, 0, 1, o_c, T, i_hv, HV, BT, BC)
     _sblk(a_ptr, zero, 0, 2, o_c, T, i_hv, HV, BT, BC)
     _sblk(a_ptr, zero, 0, 3, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M10, 1, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M11, 1, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X10, 1, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X11, 1, 1, o_c, T, i_hv, HV, BT, BC)
     _sblk(a_ptr, zero, 1, 2, o_c, T, i_hv, HV, BT, BC)
     _sblk(a_ptr, zero, 1, 3, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M20, 2, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M21, 2, 1, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M22, 2, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X20, 2, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X21, 2, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X22, 2, 2, o_c, T, i_hv, HV, BT, BC)
     _sblk(a_ptr, zero, 2, 3, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M30, 3, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M31, 3, 1, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M32, 3, 2, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, M33, 3, 3, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X30, 3, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X31, 3, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X32, 3, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X33, 3, 3, o_c, T, i_hv, HV, BT, BC)
+
+
+@triton.jit
+def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr,
+             K: tl.constexpr, KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr):
+    """Row block ``i`` over channels ``kd ..`` for :func:`chunk_intra_arow_kernel`: ``X = [k; q]``
+    (``[2 BC, KD]``, zero past the chunk; ``k`` and ``q`` stacked so that one product gives a block of
+    ``A`` and of ``Aqk`` with ``M = 32``: a 16-row product on two warps holds and computes each block
+    twice) times the row factor ``e^{G_t - G_r}`` (``r``: the block's first row; exponent in
+    ``[-15 |lb|, 0]``), the sums of squares of ``X``'s rows (before the factor) and ``G_r`` (``[KD]``;
+    KDA only). GDN: no factor (its decay matrix is applied to the finished blocks)."""
+    o_r = tl.arange(0, 2 * BC)
+    o_t = i * BC + (o_r % BC)
+    m = o_t < T
+    o_d = kd + tl.arange(0, KD)
+    base = tl.where(o_r < BC, k_ptr, q_ptr)
+    X = tl.load(base[:, None] + ((o_t * H + i_h) * K)[:, None] + o_d[None, :], mask=m[:, None] & (o_d < K)[None, :],
+                other=0.0).to(tl.float32)
+    ss = tl.sum(X * X, axis=1)
+    if GATE == 2:
+        return X, ss, o_d
+    else:
+        Gr = tl.load(g_ptr + (tl.minimum(i * BC, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+        G = _tile(g_ptr, tl.minimum(o_t, T - 1), m | ~m, i_hv, HV, K, kd, KD)
+        return X * tl.exp(G - Gr[None, :]), ss, Gr
+
+
+@triton.jit
+def _ab_cols(k_ptr, g_ptr, j, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+             KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr):
+    """Column block ``j`` over channels ``kd ..``: ``k_s e^{E - G_s}`` (``[BC, KD]``; ``E``: ``G`` at the
+    block's last row, exponent in ``[-15 |lb|, 0]``; GDN: ``k_s``), ``E`` (``[KD]``) and the sums of
+    squares of the raw ``k_s``."""
+    o_c = j * BC + tl.arange(0, BC)
+    k = _tile(k_ptr, o_c, o_c < T, i_h, H, K, kd, KD)
+    ss = tl.sum(k * k, axis=1)
+    o_d = kd + tl.arange(0, KD)
+    if GATE == 2:
+        return k, o_d, ss
+    else:
+        E = tl.load(g_ptr + (tl.minimum(j * BC + BC - 1, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+        G = _tile(g_ptr, tl.minimum(o_c, T - 1), o_c >= 0, i_hv, HV, K, kd, KD)
+        return k * tl.exp(E[None, :] - G), E, ss
+
+
+@triton.jit
+def _ab_acc(X, Xr, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr):
+    """Add one key block to block pair ``(i, j)`` (``[2 BC, BC]``: ``A`` rows over ``Aqk`` rows): rows
+    ``Xr`` of block ``i`` times columns ``k_s e^{G_r - G_s} = (k_s e^{E_j - G_s}) e^{G_r - E_j}`` of
+    block ``j`` (per channel: ``G_r - E_j <= 0`` for ``j < i``; in ``[0, 15 |lb|]`` on the diagonal),
+    so the pair itself exponentiates only a ``[KD]`` vector."""
+    if GATE == 2:
+        c = kt
+    else:
+        c = kt * tl.exp(Gr - E)[None, :]
+    return tl.dot(Xr, tl.trans(c), X, input_precision=APREC)
+
+
+@triton.jit
+def _ab_store(X, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV: tl.constexpr,
+              BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr, DIAG_INV: tl.constexpr):
+    """Finish and store block pair ``(i, j)`` of a stacked ``[2 BC, BC]`` accumulator: ``A`` (row factor
+    ``rk_i`` = norm x beta) and ``Aqk`` (``rq_i`` = norm x scale) times the column norms (from the
+    sums of squares ``sc_j``), GDN's decay matrix, masked strict / causal by token (zeros for ``j > i``);
+    with ``DIAG_INV`` the diagonal block is stored as ``(I + A_ii)^-1`` (repeated squaring, IEEE)."""
+    Akk, Aq = tl.split(tl.permute(tl.reshape(X, (2, BC, BC)), (1, 2, 0)))
+    if L2NORM:
+        rc = tl.rsqrt(sc_j + 1e-6)
+    else:
+        rc = sc_j * 0.0 + 1.0
+    o_c = tl.arange(0, BC)
+    t = i * BC + o_c
+    s = j * BC + o_c
+    Akk = Akk * rk_i[:, None] * rc[None, :]
+    Aq = Aq * rq_i[:, None] * rc[None, :]
+    if GATE == 2:
+        gi = tl.load(g_ptr + tl.minimum(t, T - 1) * HV + i_hv)
+        gj = tl.load(g_ptr + tl.minimum(s, T - 1) * HV + i_hv)
+        D = tl.exp(tl.where(t[:, None] >= s[None, :], gi[:, None] - gj[None, :], float("-inf")))
+        Akk = Akk * D
+        Aq = Aq * D
+    _sblk(aqk_ptr, tl.where(t[:, None] >= s[None, :], Aq, 0.0), i, j, o_c, T, i_hv, HV, BT, BC)
+    Akk = tl.where(t[:, None] > s[None, :], Akk, 0.0)
+    if DIAG_INV:
+        if i == j:
+            Akk = _tril_inverse_16(Akk, BC)
+    _sblk(a_ptr, Akk, i, j, o_c, T, i_hv, HV, BT, BC)
+
+
+@triton.jit
+def chunk_intra_arow_kernel(
+    q_ptr,  # [N, H, K]
+    k_ptr,  # [N, H, K]
+    b_ptr,  # [N, HV] raw beta
+    g_ptr,  # [N, HV, K] / [N, HV] chunk-local cumulative log decay (FP32)
+    aqk_ptr,  # out [N, HV, BT] in-chunk attention row (FP32)
+    a_ptr,  # out [N, HV, BT] strict rows of A (beta-scaled, FP32)
+    cu_ptr,
+    cidx_ptr,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    GATE: tl.constexpr,
+    L2NORM: tl.constexpr,
+    KD: tl.constexpr,
+    APREC: tl.constexpr = "ieee",
+    DIAG_INV: tl.constexpr = False,  # store the diagonal block as (I + A_ii)^-1 (for chunk_intra_inv_kernel's DIAG_INV)
+):
+    """Split in-chunk step, part 1, stacked form (``intra_a_stacked``, issue 4): grid (chunks, HV, BT / BC);
+    program ``i`` builds rows ``i*BC ..`` of ``A`` and ``Aqk`` as :func:`chunk_intra_a_kernel` does, with
+    the key blocks of ``KD`` channels in the outer loop: the row block's ``[k; q]`` (stacked into one
+    ``[2 BC, KD]`` operand) and its decays are loaded and exponentiated once per key block for every
+    column block ``j <= i``; each column block carries ``e^{E_j - G_s}`` (``E_j``: ``G`` at its last
+    row) and each pair only a ``[KD]`` vector ``e^{G_r - E_j}``. Bounded KDA gate (``15 |lower_bound|
+    <= 80``) or GDN; the unbounded gate keeps :func:`chunk_intra_a_kernel`. Every product with ``APREC``
+    (FP32 inputs and accumulation for ``A``; ``Aqk`` in the same product)."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
+    q_ptr = q_ptr + t0 * (H * K)
+    k_ptr = k_ptr + t0 * (H * K)
+    b_ptr = b_ptr + t0 * HV
+    aqk_ptr = aqk_ptr + t0 * (HV * BT)
+    a_ptr = a_ptr + t0 * (HV * BT)
+    if GATE == 2:
+        g_ptr = g_ptr + t0 * HV
+    else:
+        g_ptr = g_ptr + t0 * (HV * K)
+    z = tl.zeros([2 * BC, BC], dtype=tl.float32)
+    X0, X1, X2, X3 = z, z, z, z
+    zc = tl.zeros([BC], dtype=tl.float32)
+    c0, c1, c2, c3 = zc, zc, zc, zc
+    sr = tl.zeros([2 * BC], dtype=tl.float32)
+    for kd in range(0, BK, KD):
+        Xr, ss, Gr = _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+        sr += ss
+        kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+        c0 += sc
+        X0 = _ab_acc(X0, Xr, kt, Gr, E, GATE, APREC)
+        if i >= 1:
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+            c1 += sc
+            X1 = _ab_acc(X1, Xr, kt, Gr, E, GATE, APREC)
+        if i >= 2:
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+            c2 += sc
+            X2 = _ab_acc(X2, Xr, kt, Gr, E, GATE, APREC)
+        if i >= 3:
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+            c3 += sc
+            X3 = _ab_acc(X3, Xr, kt, Gr, E, GATE, APREC)
+    sk, sq = tl.split(tl.permute(tl.reshape(sr, (2, BC)), (1, 0)))
+    o_t = i * BC + tl.arange(0, BC)
+    m_i = o_t < T
+    beta = tl.load(b_ptr + o_t * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
+    beta = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta)), 0.0)
+    if L2NORM:
+        rk = tl.rsqrt(sk + 1e-6) * beta
+        rq = tl.rsqrt(sq + 1e-6) * scale
+    else:
+        rk = beta
+        rq = sq * 0.0 + scale
+    _ab_store(X0, i, 0, rk, rq, c0, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
+    _ab_store(X1, i, 1, rk, rq, c1, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
+    _ab_store(X2, i, 2, rk, rq, c2, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
+    _ab_store(X3, i, 3, rk, rq, c3, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
 
 
 @triton.jit
