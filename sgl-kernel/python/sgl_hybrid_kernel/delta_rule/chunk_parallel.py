@@ -62,6 +62,8 @@ class ChunkLaunch:
     the ``A`` / ``Aqk`` programs as ``chunk_intra_arow_kernel`` (same grid, warps, ``intra_a_kd`` and
     stages: key blocks in the outer loop, ``[k; q]`` stacked into one 32-row operand, the row factors
     exponentiated once per key block; the unbounded KDA gate keeps ``chunk_intra_a_kernel``);
+    ``fast_exp`` (CUDA): the stacked ``A`` programs exponentiate with ``ex2.approx.ftz`` (no denormal
+    fix-up; never under the interpreter);
     ``intra_diag_inv`` (with ``intra_a_stacked`` and ``intra_inv``): the 16x16 diagonal inverses
     ``(I + A_ii)^-1`` computed by the stacked ``A`` programs (one per row block, stored in place of
     ``A_ii``), so the inverse launch only merges the off-diagonal blocks;
@@ -96,6 +98,7 @@ class ChunkLaunch:
     intra_inv_warps: int = 2
     intra_a_stacked: bool = False
     intra_diag_inv: bool = False
+    fast_exp: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
     state_bv: int = 32
@@ -117,7 +120,7 @@ class ChunkLaunch:
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
-                               intra_a_stages=2, intra_a_stacked=True, intra_diag_inv=True, intra_inv=True,
+                               intra_a_stages=2, intra_a_stacked=True, intra_diag_inv=True, fast_exp=True, intra_inv=True,
                                intra_inv_warps=4, intra_solve_warps=8,
                                state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
@@ -183,7 +186,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         diag_inv = stacked and launch.intra_inv and launch.intra_diag_inv
         if stacked:
             a_part = (chunk_intra_arow_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
-                                                    KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv))
+                                                    KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv,
+                                                    FAST_EXP=launch.fast_exp and not interpret))
         else:
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),

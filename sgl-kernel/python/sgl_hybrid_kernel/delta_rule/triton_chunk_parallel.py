@@ -619,8 +619,22 @@ def _store_lower(a_ptr, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, o_c, T
 
 
 @triton.jit
+def _exp(x, FAST: tl.constexpr):
+    """``e^x`` in FP32. ``FAST`` (CUDA only, ``ChunkLaunch.fast_exp``): ``ex2.approx.ftz`` of ``x log2 e``,
+    without the denormal fix-up of ``tl.exp`` (results below ``2^-126`` flush to zero; same ``ex2.approx``
+    accuracy otherwise). For the stacked ``A`` build, whose exponents are bounded below by
+    ``-15 |lower_bound|`` except the per-pair vector ``e^{G_r - E_j}``, where a flushed value only
+    drops terms below ``1e-38`` of the sum."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr,
-             K: tl.constexpr, KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr):
+             K: tl.constexpr, KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr):
     """Row block ``i`` over channels ``kd ..`` for :func:`chunk_intra_arow_kernel`: ``X = [k; q]``
     (``[2 BC, KD]``, zero past the chunk; ``k`` and ``q`` stacked so that one product gives a block of
     ``A`` and of ``Aqk`` with ``M = 32``: a 16-row product on two warps holds and computes each block
@@ -640,12 +654,12 @@ def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.c
     else:
         Gr = tl.load(g_ptr + (tl.minimum(i * BC, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
         G = _tile(g_ptr, tl.minimum(o_t, T - 1), m | ~m, i_hv, HV, K, kd, KD)
-        return X * tl.exp(G - Gr[None, :]), ss, Gr
+        return X * _exp(G - Gr[None, :], FAST), ss, Gr
 
 
 @triton.jit
 def _ab_cols(k_ptr, g_ptr, j, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-             KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr):
+             KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr):
     """Column block ``j`` over channels ``kd ..``: ``k_s e^{E - G_s}`` (``[BC, KD]``; ``E``: ``G`` at the
     block's last row, exponent in ``[-15 |lb|, 0]``; GDN: ``k_s``), ``E`` (``[KD]``) and the sums of
     squares of the raw ``k_s``."""
@@ -658,11 +672,11 @@ def _ab_cols(k_ptr, g_ptr, j, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexp
     else:
         E = tl.load(g_ptr + (tl.minimum(j * BC + BC - 1, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
         G = _tile(g_ptr, tl.minimum(o_c, T - 1), o_c >= 0, i_hv, HV, K, kd, KD)
-        return k * tl.exp(E[None, :] - G), E, ss
+        return k * _exp(E[None, :] - G, FAST), E, ss
 
 
 @triton.jit
-def _ab_acc(X, Xr, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr):
+def _ab_acc(X, Xr, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST: tl.constexpr):
     """Add one key block to block pair ``(i, j)`` (``[2 BC, BC]``: ``A`` rows over ``Aqk`` rows): rows
     ``Xr`` of block ``i`` times columns ``k_s e^{G_r - G_s} = (k_s e^{E_j - G_s}) e^{G_r - E_j}`` of
     block ``j`` (per channel: ``G_r - E_j <= 0`` for ``j < i``; in ``[0, 15 |lb|]`` on the diagonal),
@@ -670,7 +684,7 @@ def _ab_acc(X, Xr, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr):
     if GATE == 2:
         c = kt
     else:
-        c = kt * tl.exp(Gr - E)[None, :]
+        c = kt * _exp(Gr - E, FAST)[None, :]
     return tl.dot(Xr, tl.trans(c), X, input_precision=APREC)
 
 
@@ -727,6 +741,7 @@ def chunk_intra_arow_kernel(
     KD: tl.constexpr,
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # store the diagonal block as (I + A_ii)^-1 (for chunk_intra_inv_kernel's DIAG_INV)
+    FAST_EXP: tl.constexpr = False,  # CUDA: _exp without the denormal fix-up
 ):
     """Split in-chunk step, part 1, stacked form (``intra_a_stacked``, issue 4): grid (chunks, HV, BT / BC);
     program ``i`` builds rows ``i*BC ..`` of ``A`` and ``Aqk`` as :func:`chunk_intra_a_kernel` does, with
@@ -756,23 +771,23 @@ def chunk_intra_arow_kernel(
     c0, c1, c2, c3 = zc, zc, zc, zc
     sr = tl.zeros([2 * BC], dtype=tl.float32)
     for kd in range(0, BK, KD):
-        Xr, ss, Gr = _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+        Xr, ss, Gr = _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
         sr += ss
-        kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+        kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
         c0 += sc
-        X0 = _ab_acc(X0, Xr, kt, Gr, E, GATE, APREC)
+        X0 = _ab_acc(X0, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
         if i >= 1:
-            kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
             c1 += sc
-            X1 = _ab_acc(X1, Xr, kt, Gr, E, GATE, APREC)
+            X1 = _ab_acc(X1, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
         if i >= 2:
-            kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
             c2 += sc
-            X2 = _ab_acc(X2, Xr, kt, Gr, E, GATE, APREC)
+            X2 = _ab_acc(X2, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
         if i >= 3:
-            kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE)
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
             c3 += sc
-            X3 = _ab_acc(X3, Xr, kt, Gr, E, GATE, APREC)
+            X3 = _ab_acc(X3, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
     sk, sq = tl.split(tl.permute(tl.reshape(sr, (2, BC)), (1, 0)))
     o_t = i * BC + tl.arange(0, BC)
     m_i = o_t < T
