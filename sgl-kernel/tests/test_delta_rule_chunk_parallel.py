@@ -271,3 +271,17 @@ def test_host_lengths_and_cached_index_tables_give_the_same_prefill():
                                  seq_lens_cpu=[70, 0, 500])
     with pytest.raises(ValueError, match="cu_seqlens"):
         seq_plan([0, 70, 60], torch.device("cpu"))
+
+
+def test_fast_exp_only_in_compiled_cuda_launches():
+    """``fast_exp`` (inline PTX ``ex2.approx.ftz``) reaches the stacked A kernel only where the sm_90 table
+    asks for it and the kernel is compiled, never under the CPU interpreter (which cannot run inline
+    assembly) nor in the CDNA entries."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+
+    sm90 = CHUNK_LAUNCH[("sm90", 132)]
+    args = (GATE_KDA_SAFE, 12, 12, 128, 128, -5.0, True, True, False)
+    assert sm90.fast_exp and launch_params(sm90, *args)["intra_a"][1]["FAST_EXP"] is True
+    assert launch_params(sm90, *args, interpret=True)["intra_a"][1]["FAST_EXP"] is False
+    assert not any(launch.fast_exp for (arch, _), launch in CHUNK_LAUNCH.items() if arch != "sm90")

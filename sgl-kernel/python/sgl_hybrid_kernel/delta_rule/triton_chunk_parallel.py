@@ -23,7 +23,9 @@ sequential over chunks (issue 4):
    Split form (the sm_90 table, issue 4): ``chunk_intra_a_kernel`` (grid (chunk, value head,
    16-row block): ``A`` / ``Aqk`` as 16x16 blocks ``j <= i`` only, light 2-warp programs),
    ``chunk_intra_inv_kernel`` (the ten 16x16 blocks of the inverse, written over ``A``) and
-   ``chunk_intra_solve_kernel`` (``w``, ``u``, ``kg`` from the stored FP32 inverse).
+   ``chunk_intra_solve_kernel`` (``w``, ``u``, ``kg`` from the stored FP32 inverse); on sm_90 the
+   ``A`` programs run as ``chunk_intra_arow_kernel`` (key blocks outside the column blocks,
+   ``[k; q]`` stacked into one 32-row operand, the diagonal 16x16 inverses computed there).
 3. ``chunk_state_kernel`` — parallel over (sequence, value head, value tile),
    sequential over chunks: stores the chunk-start state ``h``, the pseudo-values
    ``v_new = u - w h`` and updates ``h <- e^{G_last} h + kg^T v_new``;
