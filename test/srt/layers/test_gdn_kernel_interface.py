@@ -186,3 +186,32 @@ def test_dispatcher_hook_installs_our_kernel_for_sgl_hybrid_only():
     fake_exec.mamba.linear_attn_backend = "sgl_hybird"
     with mock.patch("sglang.srt.runtime_context.get_exec", return_value=fake_exec), pytest.raises(ValueError, match="sgl_hybird"):
         gdn_kernel._around_dispatcher_init(original, FakeDispatcher(), custom, custom, triton)
+
+
+def test_gpu_extend_path_hands_the_host_lengths_to_the_kernel(monkeypatch):
+    """Upstream's GDN backend calls the kernel's ``extend`` without host lengths. On GPU,
+    ``HybridGDNAttnBackend.forward_extend`` runs upstream's method inside
+    ``forward_extend_lengths(forward_batch.extend_seq_lens_cpu)``, so the kernel's ``extend_lengths``
+    takes the batch's list instead of reading ``query_start_loc`` on the host (a meta tensor here:
+    any read raises); after the call it reads ``cu`` again."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    from sglang_hybrid.layers.attention.delta_rule_common import extend_lengths
+    from sglang_hybrid.layers.attention.gdn_backend import HybridGDNAttnBackend
+
+    cu_meta = torch.empty(4, dtype=torch.int32, device="meta")
+    seen = {}
+
+    def upstream_forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        seen["lens"] = extend_lengths(cu_meta, kwargs.get("extend_seq_lens_cpu"))  # as SglHybridGDNKernel.extend
+        return "out"
+
+    monkeypatch.setattr(GDNAttnBackend, "forward_extend", upstream_forward_extend)
+    backend = object.__new__(HybridGDNAttnBackend)  # the GPU branch needs no other state
+    backend._torch_path = False
+    assert backend.forward_extend(None, SimpleNamespace(extend_seq_lens_cpu=[3, 0, 5]), None, None, None) == "out"
+    assert seen["lens"] == [3, 0, 5]
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        extend_lengths(cu_meta)

@@ -18,7 +18,9 @@ the plain-torch reference otherwise.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+import contextlib
+import contextvars
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -32,10 +34,30 @@ from sgl_hybrid_kernel.norm.reference import l2_norm
 MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
 
 
+_FORWARD_EXTEND_LENS: "contextvars.ContextVar[Optional[Sequence[int]]]" = contextvars.ContextVar(
+    "sgl_hybrid_forward_extend_lens", default=None)
+
+
+@contextlib.contextmanager
+def forward_extend_lengths(seq_lens_cpu: Optional[Sequence[int]]) -> Iterator[None]:
+    """Make the current forward's host extend lengths (upstream's ``forward_batch.extend_seq_lens_cpu``)
+    visible to :func:`extend_lengths` for the duration of one backend call: upstream's GDN backend
+    calls the kernel's ``extend`` without them, so ``HybridGDNAttnBackend.forward_extend`` sets them
+    here around its call (issue 4: no read of ``query_start_loc`` per layer)."""
+    token = _FORWARD_EXTEND_LENS.set(seq_lens_cpu)
+    try:
+        yield
+    finally:
+        _FORWARD_EXTEND_LENS.reset(token)
+
+
 def extend_lengths(cu: torch.Tensor, seq_lens_cpu: Optional[Sequence[int]] = None) -> List[int]:
-    """Host list of the extend lengths: upstream's ``extend_seq_lens_cpu`` when it is given and
-    matches ``cu`` (``[B + 1]`` cumulative starts) in count, read without touching the device;
-    else one read of ``cu`` (a device sync on a GPU)."""
+    """Host list of the extend lengths: ``seq_lens_cpu`` (upstream's ``extend_seq_lens_cpu``; when not
+    given, the lengths set by :func:`forward_extend_lengths` for the current backend call) when it
+    matches ``cu`` (``[B + 1]`` cumulative starts) in count, read without touching the device; else one
+    read of ``cu`` (a device sync on a GPU)."""
+    if seq_lens_cpu is None:
+        seq_lens_cpu = _FORWARD_EXTEND_LENS.get()
     if seq_lens_cpu is not None and len(seq_lens_cpu) == cu.numel() - 1:
         return [int(n) for n in seq_lens_cpu]
     return (cu[1:] - cu[:-1]).tolist()

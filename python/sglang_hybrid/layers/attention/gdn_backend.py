@@ -35,6 +35,7 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBack
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from sglang_hybrid.layers.attention.cpu_metadata import CpuLinearAttnMetadataMixin
+from sglang_hybrid.layers.attention.delta_rule_common import forward_extend_lengths
 from sglang_hybrid.platforms import current_platform
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,10 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
     # ------------------------------------------------------------------ extend
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not self._torch_path:
-            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+            # upstream calls the kernel's extend without host lengths; ours reads them from here
+            # instead of reading query_start_loc on the host once per layer (delta_rule_common)
+            with forward_extend_lengths(getattr(forward_batch, "extend_seq_lens_cpu", None)):
+                return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if forward_batch.forward_mode.is_target_verify():
             return self._forward_verify(layer, forward_batch, mixed_qkv, a, b)
         md = self.forward_metadata

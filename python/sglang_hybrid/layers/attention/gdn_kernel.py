@@ -139,7 +139,8 @@ class SglHybridGDNKernel(TritonGDNKernel):
         q2, k2, v2 = q[0], k[0], v[0]
         g2, b2 = g.reshape(N, HV), beta.reshape(N, HV)
         cu = query_start_loc.to(torch.int32)
-        lens = extend_lengths(cu, kwargs.get("extend_seq_lens_cpu"))  # upstream's GDN path passes none: one read of cu
+        # upstream's GDN path passes no host lengths: HybridGDNAttnBackend.forward_extend provides them
+        lens = extend_lengths(cu, kwargs.get("extend_seq_lens_cpu"))
         has_init = initial_state_flags(kwargs.get("extend_prefix_lens"), len(lens), q.device)  # on the device
         track_state = kwargs.get("track_state")
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
