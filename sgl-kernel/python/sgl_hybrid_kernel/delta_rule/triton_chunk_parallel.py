@@ -387,6 +387,20 @@ def _block_diag_exact(q_ptr, k_ptr, g_ptr, i, T, i_h, i_hv, scale,
 
 
 @triton.jit
+def _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr, cidx_ptr, H: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr):
+    """``(T, q, k, beta, G, Aqk, A pointers)`` of this program's chunk (``program_id(0)``) for the
+    ``A`` / ``Aqk`` kernels: tokens from its start to its sequence's end, pointers at its first token."""
+    t0, T = _chunk_start(cu_ptr, cidx_ptr, tl.program_id(0), BT)
+    if GATE == 2:
+        g_ptr = g_ptr + t0 * HV
+    else:
+        g_ptr = g_ptr + t0 * (HV * K)
+    return (T, q_ptr + t0 * (H * K), k_ptr + t0 * (H * K), b_ptr + t0 * HV, g_ptr, aqk_ptr + t0 * (HV * BT),
+            a_ptr + t0 * (HV * BT))
+
+
+@triton.jit
 def chunk_intra_a_kernel(
     q_ptr,  # [N, H, K]
     k_ptr,  # [N, H, K]
@@ -416,20 +430,11 @@ def chunk_intra_a_kernel(
     ``j <= i`` only (no upper-triangle work; blocks ``j > i`` are stored as zeros), FP32 inputs and
     accumulation for ``A`` (``APREC``). Light programs (few registers), so several share an SM.
     ``A`` goes to an FP32 scratch read by :func:`chunk_intra_solve_kernel`."""
-    i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i = tl.program_id(2)
     i_h = i_hv // (HV // H)
-    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
-    q_ptr = q_ptr + t0 * (H * K)
-    k_ptr = k_ptr + t0 * (H * K)
-    b_ptr = b_ptr + t0 * HV
-    aqk_ptr = aqk_ptr + t0 * (HV * BT)
-    a_ptr = a_ptr + t0 * (HV * BT)
-    if GATE == 2:
-        g_ptr = g_ptr + t0 * HV
-    else:
-        g_ptr = g_ptr + t0 * (HV * K)
+    T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
+                                                                  cidx_ptr, H, HV, K, BT, GATE)
     o_c = tl.arange(0, BC)
     o_ti = i * BC + o_c
     m_i = o_ti < T
@@ -753,20 +758,11 @@ def chunk_intra_arow_kernel(
     row) and each pair only a ``[KD]`` vector ``e^{G_r - E_j}``. Bounded KDA gate (``15 |lower_bound|
     <= 80``) or GDN; the unbounded gate keeps :func:`chunk_intra_a_kernel`. Every product with ``APREC``
     (FP32 inputs and accumulation for ``A``; ``Aqk`` in the same product)."""
-    i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i = tl.program_id(2)
     i_h = i_hv // (HV // H)
-    t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
-    q_ptr = q_ptr + t0 * (H * K)
-    k_ptr = k_ptr + t0 * (H * K)
-    b_ptr = b_ptr + t0 * HV
-    aqk_ptr = aqk_ptr + t0 * (HV * BT)
-    a_ptr = a_ptr + t0 * (HV * BT)
-    if GATE == 2:
-        g_ptr = g_ptr + t0 * HV
-    else:
-        g_ptr = g_ptr + t0 * (HV * K)
+    T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
+                                                                  cidx_ptr, H, HV, K, BT, GATE)
     z = tl.zeros([2 * BC, BC], dtype=tl.float32)
     X0, X1, X2, X3 = z, z, z, z
     zc = tl.zeros([BC], dtype=tl.float32)
