@@ -10,10 +10,13 @@ state); a NaN-filled output buffer and NaN pool slots that no sequence names.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.naive import naive_recurrent_kda
 
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import _tf32_split
 from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.kda import kda_gate
@@ -88,7 +91,8 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
 
 
 @pytest.mark.parametrize("early,stages,x3,intra,okd", [(True, 1, False, "split_inv", 16), (False, 2, True, "split", 128),
-                                                       (False, 1, True, "fused", 32), (True, 3, True, "stacked", 32), (False, 2, True, "stacked_a", 16)])
+                                                       (False, 1, True, "fused", 32), (True, 3, True, "stacked", 32), (False, 2, True, "stacked_a", 16),
+                                                       (True, 2, True, "stacked_bf16qk", 16)])
 @pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
 def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3, intra, okd):
     """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
@@ -100,7 +104,8 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     programs + a solve launch (with or without a separate 16x16-block inverse launch; the ``A``
     programs also in the stacked form, ``intra_a_stacked``, with and without the diagonal inverses
     computed there, ``intra_diag_inv``: bounded KDA gate and GDN, the unbounded gate keeps the
-    plain form), and the output
+    plain form; ``stacked_bf16qk``: q / k given as BF16, which for GDN takes the single exact TF32
+    product instead of 3xTF32), and the output
     step's ``(q e^G) h_c`` over key blocks of 16 / 32 (norm factor, scale and GDN decay applied to
     the accumulated block) or in one piece: same results as fla's naive recurrences, checkpoints
     included."""
@@ -118,6 +123,8 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     pool = torch.randn(2, HV, K, V, generator=gen)
     init = pool.clone()
     ck = torch.full((2, HV, K, V), NAN)
+    qk16 = intra == "stacked_bf16qk"
+    q, k = (q.bfloat16(), k.bfloat16()) if qk16 else (q, k)
     launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
                          state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages,
                          intra_precision="tf32x3" if x3 else "ieee", intra_split=intra != "fused",
@@ -127,6 +134,7 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
                                    launch=launch, tf32=x3)
+    q, k = q.float(), k.float()
     for i, (s, n0) in enumerate(zip([1, 0], [0, lens[0]])):
         sl = slice(n0, n0 + lens[i])
         g = kda_gate(f[sl], A, dtb, lower_bound) if gate == "kda" else gdn_gate(f[sl], A, dtb)
@@ -285,3 +293,26 @@ def test_fast_exp_only_in_compiled_cuda_launches():
     assert sm90.fast_exp and launch_params(sm90, *args)["intra_a"][1]["FAST_EXP"] is True
     assert launch_params(sm90, *args, interpret=True)["intra_a"][1]["FAST_EXP"] is False
     assert not any(launch.fast_exp for (arch, _), launch in CHUNK_LAUNCH.items() if arch != "sm90")
+
+
+@triton.jit
+def _split_kernel(x_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    hi, lo = _tf32_split(tl.load(x_ptr + o))
+    tl.store(hi_ptr + o, hi)
+    tl.store(lo_ptr + o, lo)
+
+
+def test_tf32_split_gives_an_exact_tf32_high_part():
+    """The stacked A build splits each FP32 operand once into ``hi + lo`` for its chained 3xTF32
+    products: ``hi`` must have the 13 low mantissa bits clear (so a TF32 tensor-core product of it is
+    exact) and ``hi + lo`` must give the operand back exactly; ``lo`` is then within ``2^-10 |x|``."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(60, generator=gen) * 10.0 ** torch.randint(-30, 30, (60,), generator=gen),
+                   torch.tensor([0.0, -0.0, 1.0, -3.0])])
+    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    _split_kernel[(1,)](x, hi, lo, N=64)
+    assert (hi.view(torch.int32) & 8191 == 0).all()
+    assert torch.equal(hi + lo, x)
+    assert (lo.abs() <= x.abs() * 2.0 ** -10).all()
+    assert (lo != 0).sum() > 50  # random FP32 values do use the low bits

@@ -683,16 +683,36 @@ def _ab_cols(k_ptr, g_ptr, j, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexp
 
 
 @triton.jit
-def _ab_acc(X, Xr, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST: tl.constexpr):
+def _tf32_split(x):
+    """``x = hi + lo`` (FP32) with ``hi`` exact in TF32 (the low 13 mantissa bits cleared), so a TF32
+    tensor-core product of ``hi`` loses nothing and one of ``lo`` (``|lo| < 2^-10 |x|``) only bits below about
+    ``2^-20 |x|``."""
+    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST: tl.constexpr):
     """Add one key block to block pair ``(i, j)`` (``[2 BC, BC]``: ``A`` rows over ``Aqk`` rows): rows
-    ``Xr`` of block ``i`` times columns ``k_s e^{G_r - G_s} = (k_s e^{E_j - G_s}) e^{G_r - E_j}`` of
+    ``Xh + Xl`` of block ``i`` times columns ``k_s e^{G_r - G_s} = (k_s e^{E_j - G_s}) e^{G_r - E_j}`` of
     block ``j`` (per channel: ``G_r - E_j <= 0`` for ``j < i``; in ``[0, 15 |lb|]`` on the diagonal),
-    so the pair itself exponentiates only a ``[KD]`` vector."""
+    so the pair itself exponentiates only a ``[KD]`` vector. ``APREC == "tf32x3"``: ``Xh`` / ``Xl`` are
+    the row block's TF32 high / low parts (split once per key block, :func:`_tf32_split`), the
+    columns are split here, and the three TF32 products ``lo hi + hi lo + hi hi`` accumulate straight
+    into ``X`` (Triton's own ``tf32x3`` re-splits both operands per product and adds its result to
+    ``X`` afterwards). ``"tf32"`` (GDN with 16-bit inputs, every operand exact in TF32): one product.
+    Else one product of ``Xh`` with ``APREC``."""
     if GATE == 2:
-        c = kt
+        c = tl.trans(kt)
     else:
-        c = kt * _exp(Gr - E, FAST)[None, :]
-    return tl.dot(Xr, tl.trans(c), X, input_precision=APREC)
+        c = tl.trans(kt * _exp(Gr - E, FAST)[None, :])
+    if APREC == "tf32x3":
+        ch, cl = _tf32_split(c)
+        X = tl.dot(Xl, ch, X, input_precision="tf32")
+        X = tl.dot(Xh, cl, X, input_precision="tf32")
+        return tl.dot(Xh, ch, X, input_precision="tf32")
+    else:
+        return tl.dot(Xh, c, X, input_precision=APREC)
 
 
 @triton.jit
@@ -768,24 +788,31 @@ def chunk_intra_arow_kernel(
     zc = tl.zeros([BC], dtype=tl.float32)
     c0, c1, c2, c3 = zc, zc, zc, zc
     sr = tl.zeros([2 * BC], dtype=tl.float32)
+    # GDN with 16-bit q / k: every operand is a raw input, exact in TF32, so one TF32 product is exact
+    PREC: tl.constexpr = "tf32" if (APREC == "tf32x3" and GATE == 2 and q_ptr.dtype.element_ty.primitive_bitwidth == 16
+                                    and k_ptr.dtype.element_ty.primitive_bitwidth == 16) else APREC
     for kd in range(0, BK, KD):
         Xr, ss, Gr = _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
         sr += ss
+        if PREC == "tf32x3":
+            Xh, Xl = _tf32_split(Xr)
+        else:
+            Xh, Xl = Xr, Xr
         kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
         c0 += sc
-        X0 = _ab_acc(X0, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
+        X0 = _ab_acc(X0, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
         if i >= 1:
             kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
             c1 += sc
-            X1 = _ab_acc(X1, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
+            X1 = _ab_acc(X1, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
         if i >= 2:
             kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
             c2 += sc
-            X2 = _ab_acc(X2, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
+            X2 = _ab_acc(X2, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
         if i >= 3:
             kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
             c3 += sc
-            X3 = _ab_acc(X3, Xr, kt, Gr, E, GATE, APREC, FAST_EXP)
+            X3 = _ab_acc(X3, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
     sk, sq = tl.split(tl.permute(tl.reshape(sr, (2, BC)), (1, 0)))
     o_t = i * BC + tl.arange(0, BC)
     m_i = o_t < T
