@@ -867,6 +867,13 @@ CHUNK_STATE_VARIANTS = [
     # (stk_sbv32 / stk_dinv_sbv32, state_bv=32: the FP32-scratch state pass needs 238,592 B of shared memory
     # on the H200's triton 3.6, over its 232,448: dropped)
     ("a_st3", dict(intra_a_stages=3)),
+    # state pass tiles (2026-11-30, fourth round; BF16 scratch as timed: the FP32-scratch pass needs more
+    # shared memory at 32 columns): 32 columns, warps, whole-K key block
+    ("sbv32", dict(state_bv=32)),
+    ("sbv32_sw4", dict(state_bv=32, state_warps=4)),
+    ("sw4", dict(state_warps=4)),
+    ("skd128_sw4", dict(state_kd=128, state_warps=4)),
+    ("skd128", dict(state_kd=128)),
 ]
 
 

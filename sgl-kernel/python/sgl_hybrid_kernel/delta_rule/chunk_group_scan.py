@@ -121,8 +121,8 @@ def group_scan_launch_params(kind: int, H: int, HV: int, K: int, V: int, l2norm:
                              launch) -> Dict[str, Tuple[object, Dict[str, object], int, tuple]]:
     """``{"summary" | "scan" | "final": (kernel, constexprs, num_warps, grid_tail)}`` as launched by
     :func:`run_group_scan_state_pass`; ``compile_gate`` compiles the same dicts. ``launch``: the
-    device's ``chunk_parallel.ChunkLaunch`` — the summary takes the state pass's key block,
-    value tile (no checkpoints) and warps; the scan the same key block, with ``tf32x3`` products
+    device's ``chunk_parallel.ChunkLaunch`` — the summary takes ``group_kd`` / ``group_warps`` (0: the
+    state pass's key block and warps) and the state pass's value tile (no checkpoints); the scan the same key block, with ``tf32x3`` products
     when ``tf32`` (CUDA: FP32-level error, IEEE FP32 dots spill on sm_90) else IEEE FP32.
     Cached per argument tuple and :data:`SUMMARY_BV_OVERRIDE`: do not mutate the result."""
     return _group_scan_launch_params(kind, H, HV, K, V, l2norm, tf32, launch, SUMMARY_BV_OVERRIDE)
@@ -131,13 +131,13 @@ def group_scan_launch_params(kind: int, H: int, HV: int, K: int, V: int, l2norm:
 @functools.lru_cache(maxsize=256)
 def _group_scan_launch_params(kind, H, HV, K, V, l2norm, tf32, launch, summary_bv):
     BK = triton.next_power_of_2(K)
-    KD = max(min(launch.state_kd, BK), BK // 4)
+    KD = max(min(launch.group_kd or launch.state_kd, BK), BK // 4)
     sbv = min(summary_bv or launch.state_bv, triton.next_power_of_2(V + K))
     vbv = min(SCAN_BV, max(16, triton.next_power_of_2(V)))
     return {
         "summary": (chunk_group_summary_kernel,
                     dict(H=H, HV=HV, K=K, V=V, BK=BK, BV=sbv, BT=BT, KD=KD, GATE=kind, L2NORM=l2norm, TF32=tf32),
-                    launch.state_warps, (triton.cdiv(V + K, sbv),)),
+                    launch.group_warps or launch.state_warps, (triton.cdiv(V + K, sbv),)),
         "scan": (chunk_group_scan_kernel, dict(HV=HV, K=K, V=V, BK=BK, BV=vbv, KD=KD, X3=tf32), SCAN_WARPS,
                  (triton.cdiv(V, vbv),)),
         "final": (chunk_group_final_kernel, dict(HV=HV, K=K, V=V, BK=BK, BV=FINAL_BV), 4, (triton.cdiv(V, FINAL_BV),)),

@@ -47,7 +47,10 @@ class ChunkLaunch:
     products that build ``A`` and its block inverse when TF32 is allowed (``"ieee"``: FP32 FMA;
     ``"tf32x3"``: FP32 operands split into TF32 high + low parts on the tensor cores, FP32
     accumulation, CUDA only; FP32 products, ``tf32=False``, and the unbounded KDA gate always use ``"ieee"``); ``state_bv`` / ``state_bv_ckpt``:
-    value columns per state-passing program without / with checkpoints; ``state_stages``:
+    value columns per state-passing program without / with checkpoints; ``state_kd_ckpt`` /
+    ``state_warps_ckpt``: key block and warps of the state pass with checkpoints (0: ``state_kd`` /
+    ``state_warps``; sm_90: the whole-K, 4-warp pass spills with checkpoints); ``group_kd`` /
+    ``group_warps``: the same for the group-scan summaries and scan (``chunk_group_scan``); ``state_stages``:
     software-pipelining stages of the state pass's chunk loop (1: none);
     ``state_early``: issue each chunk step's loads before its stores (else each block's loads
     follow the previous block's state store; CDNA: off, which keeps 3 waves per SIMD
@@ -104,6 +107,10 @@ class ChunkLaunch:
     state_bv: int = 32
     state_bv_ckpt: int = 8
     state_warps: int = 8
+    state_kd_ckpt: int = 0
+    state_warps_ckpt: int = 0
+    group_kd: int = 0
+    group_warps: int = 0
     state_stages: int = 1
     state_early: bool = True
     state_lowp: bool = False
@@ -122,10 +129,13 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
                                intra_a_stages=2, intra_a_stacked=True, intra_diag_inv=True, fast_exp=True, intra_inv=True,
                                intra_inv_warps=4, intra_solve_warps=8,
-                               state_kd=64, state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
+                               state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
+                               group_kd=64, group_warps=8,
+                               state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
-                               source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py)"),
+                               source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py; the whole-K 4-warp "
+                                      "state pass at B=1 T=64K only)"),
     ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
     ("gfx950", 256): ChunkLaunch("gfx950x256", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
@@ -175,6 +185,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     sbv = min(value_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
     obv = min(value_tile or launch.value_tile, BVP)
     gbk = min(launch.cumsum_bk, BK)
+    skd = (launch.state_kd_ckpt or launch.state_kd) if ckpt else launch.state_kd
+    swarps = (launch.state_warps_ckpt or launch.state_warps) if ckpt else launch.state_warps
     common = dict(H=H, HV=HV, K=K, V=V, BK=BK, BT=BT, GATE=kind, L2NORM=l2norm, TF32=tf32)
     factorized = kind == GATE_KDA_SAFE and (BC - 1) * abs(lower_bound) <= 80.0
     # the unbounded KDA gate (diagonal blocks summed over key blocks) keeps FP32 FMA products: not
@@ -212,11 +224,11 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         **intra,
-        "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(launch.state_kd, BK), BK // 4), CKPT=ckpt,
+        "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(skd, BK), BK // 4), CKPT=ckpt,
                                            STAGES=launch.state_stages,
                                            EARLY=launch.state_early,
                                            LOWP=(2 if interpret else 1) if launch.state_lowp and not ckpt else 0),
-                  num_warps or launch.state_warps, (triton.cdiv(V, sbv),)),
+                  num_warps or swarps, (triton.cdiv(V, sbv),)),
         "output": (chunk_output_kernel, dict(**common, BV=obv, LOWP=(2 if interpret else 1) if launch.output_lowp else 0,
                                              KD=min(launch.output_kd, BK)),
                    num_warps or launch.output_warps, (triton.cdiv(V, obv),), launch.output_stages),
