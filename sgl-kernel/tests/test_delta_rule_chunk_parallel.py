@@ -316,3 +316,39 @@ def test_tf32_split_gives_an_exact_tf32_high_part():
     assert torch.equal(hi + lo, x)
     assert (lo.abs() <= x.abs() * 2.0 ** -10).all()
     assert (lo != 0).sum() > 50  # random FP32 values do use the low bits
+
+
+def test_sm90_table_at_the_serving_head_size_matches_fp64():
+    """The shipped sm_90 entry at K = V = 128 (Kimi K3 head size): its state pass holds the whole
+    ``[128, 16]`` state as one key block (``state_kd=128``) and its checkpoint pass 64-row blocks,
+    which the K = 64 tests above never reach. Two packed sequences (130 and 64 tokens, initial
+    states from slots 1 / 0), a checkpoint at token 80, a NaN slot nobody names: outputs, final
+    states and the checkpoint within 1e-5 of the FP64 recurrence, the NaN slot untouched."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+
+    launch = CHUNK_LAUNCH[("sm90", 132)]
+    assert launch.state_kd == 128 and launch.state_kd_ckpt == 64
+    gen = torch.Generator().manual_seed(1)
+    lens, H, K, V = [130, 64], 1, 128, 128
+    N = sum(lens)
+    q, k, v = (torch.randn(N, H, d, generator=gen) for d in (K, K, V))
+    f, b = torch.randn(N, H, K, generator=gen), torch.randn(N, H, generator=gen)
+    A, dtb = torch.rand(H, generator=gen), torch.randn(H * K, generator=gen)
+    pool = torch.randn(3, H, K, V, generator=gen) * 0.1
+    pool[2] = NAN
+    init = pool.clone()
+    ck = torch.full((1, H, K, V), NAN)
+    o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, torch.tensor([0, lens[0], N]), pool, torch.tensor([1, 0]),
+                                   torch.tensor([1, 1], dtype=torch.int32), GATE_KDA_SAFE, -5.0, K ** -0.5, True, "kv",
+                                   [(0, 80, 0)], ck, lens, launch=launch, tf32=True)
+    rel = lambda a, r: float((a.double() - r).norm() / r.norm())  # noqa: E731
+    for i, (s, n0) in enumerate(zip([1, 0], [0, lens[0]])):
+        sl = slice(n0, n0 + lens[i])
+        ro, rS, saved = gated_delta_recurrent(l2_norm(q[sl]), l2_norm(k[sl]), v[sl], kda_gate(f[sl], A, dtb, -5.0),
+                                              torch.sigmoid(b[sl]), initial_state=init[s], acc_dtype=torch.float64,
+                                              save_positions=[80] if i == 0 else [])
+        assert rel(o[sl], ro) < 1e-5 and rel(pool[s], rS) < 1e-5
+        if i == 0:
+            assert rel(ck[0], saved[0]) < 1e-5
+    assert pool[2].isnan().all()
