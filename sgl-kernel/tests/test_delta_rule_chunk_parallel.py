@@ -92,7 +92,7 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
 
 @pytest.mark.parametrize("early,stages,x3,intra,okd", [(True, 1, False, "split_inv", 16), (False, 2, True, "split", 128),
                                                        (False, 1, True, "fused", 32), (True, 3, True, "stacked", 32), (False, 2, True, "stacked_a", 16),
-                                                       (True, 2, True, "stacked_bf16qk", 16)])
+                                                       (True, 2, True, "stacked_bf16qk", 16), (True, 3, True, "stacked_rowspec", 32)])
 @pytest.mark.parametrize("gate,lower_bound", [("kda", -5.0), ("kda", None), ("gdn", None)])
 def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound, early, stages, x3, intra, okd):
     """K = V = 64 with 16-channel key blocks (the state held as four blocks S0..S3, four gate
@@ -105,7 +105,8 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     programs also in the stacked form, ``intra_a_stacked``, with and without the diagonal inverses
     computed there, ``intra_diag_inv``: bounded KDA gate and GDN, the unbounded gate keeps the
     plain form; ``stacked_bf16qk``: q / k given as BF16, which for GDN takes the single exact TF32
-    product instead of 3xTF32), and the output
+    product instead of 3xTF32; ``stacked_rowspec``: one code path per row block, column factors
+    ``e^{G_r - G_s}`` in one exponential, the inverse's merges as chained 3xTF32, as the sm_90 table), and the output
     step's ``(q e^G) h_c`` over key blocks of 16 / 32 (norm factor, scale and GDN decay applied to
     the accumulated block) or in one piece: same results as fla's naive recurrences, checkpoints
     included."""
@@ -128,8 +129,10 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     launch = ChunkLaunch("test", cumsum_bk=16, intra_kd=16, intra_kb=4, intra_bv=16, state_kd=16, state_bv=16,
                          state_bv_ckpt=8, value_tile=16, state_early=early, state_stages=stages,
                          intra_precision="tf32x3" if x3 else "ieee", intra_split=intra != "fused",
-                         intra_inv=intra in ("split_inv", "stacked"), intra_a_kd=16, output_kd=okd, output_stages=2,
-                         intra_a_stacked=intra.startswith("stacked"), intra_diag_inv=intra == "stacked")
+                         intra_inv=intra in ("split_inv", "stacked", "stacked_rowspec"), intra_a_kd=16, output_kd=okd, output_stages=2,
+                         intra_a_stacked=intra.startswith("stacked"), intra_diag_inv=intra in ("stacked", "stacked_rowspec"),
+                         intra_a_rowspec=intra == "stacked_rowspec", intra_a_direct=intra == "stacked_rowspec",
+                         intra_inv_chain=intra == "stacked_rowspec")
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
@@ -189,6 +192,48 @@ def test_bf16_rounded_products_stay_within_the_bf16_bound(flag):
         outs.append(o.clone())
     assert not torch.equal(outs[0], outs[1])
     assert torch.equal(finals[0], finals[1]) == (flag == "output_lowp")
+
+
+def test_bf16_inverse_rows_equal_the_rounding_the_wu_step_does(monkeypatch):
+    """``intra_inv_lowp`` (the sm_90 table, issue 4): with ``intra_solve_lowp`` and BF16 scratch the
+    w / u step rounds the finished inverse to BF16 before its products, so the inverse launch may
+    store it as BF16 (a ``[N, HV, 64]`` BF16 buffer instead of over the FP32 ``A``): outputs and final
+    state bit-identical to storing it as FP32, GDN and bounded KDA, and the BF16 buffer is really
+    allocated; with FP32 scratch the flag changes nothing (no buffer)."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+
+    gen = torch.Generator().manual_seed(9)
+    lens, H, HV, K, V = [90, 40], 1, 2, 16, 16
+    N = sum(lens)
+    q, k, v = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen), torch.randn(N, HV, V, generator=gen)
+    b, A = torch.randn(N, HV, generator=gen), torch.rand(HV, generator=gen)
+    real_empty = torch.empty
+    made = []
+
+    def spy(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        made.append((tuple(t.shape), t.dtype))
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy)
+    for kind, f, dtb, lb in ((GATE_KDA_SAFE, torch.randn(N, HV, K, generator=gen), torch.randn(HV * K, generator=gen), -5.0),
+                             (GATE_GDN, torch.randn(N, HV, generator=gen), torch.randn(HV, generator=gen), None)):
+        for sd in (torch.bfloat16, torch.float32):
+            res = []
+            for inv_lowp in (False, True):
+                made.clear()
+                pool = torch.ones(2, HV, K, V) * 0.1
+                launch = ChunkLaunch("t", intra_kd=16, state_kd=16, state_bv=16, value_tile=16, intra_split=True,
+                                     intra_inv=True, intra_a_kd=16, intra_solve_lowp=True, intra_inv_lowp=inv_lowp)
+                o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, torch.tensor([0, lens[0], N]), pool,
+                                               torch.tensor([0, 1]), torch.tensor([1, 1], dtype=torch.int32), kind, lb,
+                                               K ** -0.5, True, "kv", [], None, lens, scratch_dtype=sd, launch=launch)
+                res.append((o.clone(), pool.clone()))
+                assert ((N, HV, 64), torch.bfloat16) in made if (inv_lowp and sd == torch.bfloat16) else \
+                    ((N, HV, 64), torch.bfloat16) not in made
+            assert not res[0][0].isnan().any()
+            assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
 
 
 def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):

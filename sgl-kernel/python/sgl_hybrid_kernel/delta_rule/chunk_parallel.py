@@ -70,6 +70,15 @@ class ChunkLaunch:
     ``intra_diag_inv`` (with ``intra_a_stacked`` and ``intra_inv``): the 16x16 diagonal inverses
     ``(I + A_ii)^-1`` computed by the stacked ``A`` programs (one per row block, stored in place of
     ``A_ii``), so the inverse launch only merges the off-diagonal blocks;
+    ``intra_a_rowspec`` (stacked only): the ``A`` programs branch once on their row block into one of
+    four copies of the body, whose column-block tests are then static (straight-line code, the row
+    operand kept in registers); ``intra_a_direct`` (stacked, KDA): each pair's columns as
+    ``k_s e^{G_r - G_s}`` in one exponential per element instead of ``(k_s e^{E_j - G_s}) e^{G_r - E_j}``;
+    ``intra_inv_chain`` (``tf32x3``): the inverse launch's merges as chained TF32 products on operands
+    split once; ``intra_inv_lowp`` (with ``intra_solve_lowp`` and 16-bit scratch): the inverse launch
+    stores the finished inverse in the scratch dtype, which the ``w`` / ``u`` step rounds it to anyway
+    (bit-identical results, half the bytes); ``intra_inv_warps_diag``: the inverse launch's warps when it
+    also inverts the diagonal blocks (no ``intra_diag_inv``: the unbounded KDA gate; 0: ``intra_inv_warps``);
     ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
     their right operands rounded to the BF16 scratch (as fla's recompute of w / u; FP32 scratch:
     unchanged);
@@ -99,8 +108,13 @@ class ChunkLaunch:
     intra_solve_warps: int = 4
     intra_inv: bool = False
     intra_inv_warps: int = 2
+    intra_inv_warps_diag: int = 0
     intra_a_stacked: bool = False
     intra_diag_inv: bool = False
+    intra_a_rowspec: bool = False
+    intra_a_direct: bool = False
+    intra_inv_chain: bool = False
+    intra_inv_lowp: bool = False
     fast_exp: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
@@ -127,15 +141,16 @@ class ChunkLaunch:
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
-                               intra_a_stages=2, intra_a_stacked=True, intra_diag_inv=True, fast_exp=True, intra_inv=True,
-                               intra_inv_warps=4, intra_solve_warps=8,
+                               intra_a_stages=3, intra_a_stacked=True, intra_diag_inv=True, fast_exp=True, intra_inv=True,
+                               intra_a_rowspec=True, intra_a_direct=True, intra_inv_chain=True, intra_inv_lowp=True,
+                               intra_inv_warps=2, intra_inv_warps_diag=4, intra_solve_warps=8,
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
                                group_kd=64, group_warps=8,
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
-                               source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py; the whole-K 4-warp "
-                                      "state pass at B=1 T=64K only)"),
+                               source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py, B=1 T=64K and "
+                                      "B=8 T=16K)"),
     ("gfx942", 304): ChunkLaunch("gfx942x304", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
                                  source="spill-free in compile_gate for gfx942; not timed (no MI300X here)"),
     ("gfx950", 256): ChunkLaunch("gfx950x256", state_kd=32, state_bv=16, state_bv_ckpt=16, state_early=False, tuned=False,
@@ -199,7 +214,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         if stacked:
             a_part = (chunk_intra_arow_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                     KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv,
-                                                    FAST_EXP=launch.fast_exp and not interpret))
+                                                    FAST_EXP=launch.fast_exp and not interpret,
+                                                    ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct))
         else:
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
@@ -212,8 +228,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                             launch.intra_solve_warps, ()),
         }
         if launch.intra_inv:
-            intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv),
-                                  launch.intra_inv_warps, ())
+            intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv,
+                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3"),
+                                  launch.intra_inv_warps if diag_inv else (launch.intra_inv_warps_diag or launch.intra_inv_warps), ())
     else:
         intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
                                                     FACTORIZED=factorized,
@@ -392,11 +409,14 @@ def gated_delta_chunk_parallel(
         a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
         kern, cx, nw, grid, ns = p["intra_a"]
         kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)
+        m_rows = a_rows  # the inverse's rows: over A (FP32), or the 16-bit scratch that w / u round M to anyway
         if "intra_inv" in p:
+            if launch.intra_inv_lowp and launch.intra_solve_lowp and sd.itemsize == 2:
+                m_rows = torch.empty(N, HV, BT, dtype=sd, device=dev)
             kern, cx, nw, grid = p["intra_inv"]
-            kern[(NC, HV)](a_rows, cu_seqlens, cidx, **cx, num_warps=nw)
+            kern[(NC, HV)](a_rows, m_rows, cu_seqlens, cidx, **cx, num_warps=nw)
         kern, cx, nw, grid = p["intra_solve"]
-        kern[(NC, HV)](k, v, b, G, a_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw)
+        kern[(NC, HV)](k, v, b, G, m_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw)
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()

@@ -463,7 +463,7 @@ def chunk_intra_solve_kernel(
     v_ptr,  # [N, HV, V]
     b_ptr,  # [N, HV] raw beta
     g_ptr,  # chunk-local cumulative log decay (FP32)
-    a_ptr,  # [N, HV, BT] strict rows of A (chunk_intra_a_kernel)
+    a_ptr,  # [N, HV, BT] strict rows of A (chunk_intra_a_kernel); with INV the rows of M (FP32 or 16-bit)
     w_ptr,  # out [N, HV, K]
     u_ptr,  # out [N, HV, V]
     kg_ptr,  # out [N, HV, K]
@@ -542,12 +542,14 @@ def _ablk(a_ptr, i, j, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: tl.
 @triton.jit
 def _sblk(a_ptr, X, i, j, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     r = i * BC + o_c
-    tl.store(a_ptr + (r[:, None] * HV + i_hv) * BT + (j * BC + o_c)[None, :], X, mask=(r < T)[:, None])
+    tl.store(a_ptr + (r[:, None] * HV + i_hv) * BT + (j * BC + o_c)[None, :], X.to(a_ptr.dtype.element_ty),
+             mask=(r < T)[:, None])
 
 
 @triton.jit
 def chunk_intra_inv_kernel(
-    a_ptr,  # in: [N, HV, BT] strict rows of A (FP32); out: the rows of M = (I + A)^-1 (FP32), in place
+    a_ptr,  # in: [N, HV, BT] strict rows of A (FP32)
+    m_ptr,  # out: [N, HV, BT] rows of M = (I + A)^-1: FP32 (may be a_ptr: in place) or the 16-bit scratch dtype
     cu_ptr,
     cidx_ptr,
     HV: tl.constexpr,
@@ -555,6 +557,7 @@ def chunk_intra_inv_kernel(
     BC: tl.constexpr,
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # the diagonal blocks at a_ptr already hold M_ii (chunk_intra_arow_kernel)
+    CHAIN: tl.constexpr = False,  # APREC "tf32x3" as chained TF32 products on operands split once (_block_inverse)
 ):
     """Split in-chunk step, inverse only (BT = 4 BC): grid (chunks, HV); all ten ``[BC, BC]`` blocks of
     the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
@@ -566,19 +569,33 @@ def chunk_intra_inv_kernel(
     i_hv = tl.program_id(1)
     t0, T = _chunk_start(cu_ptr, cidx_ptr, i_c, BT)
     a_ptr = a_ptr + t0 * (HV * BT)
+    m_ptr = m_ptr + t0 * (HV * BT)
     o_c = tl.arange(0, BC)
     M00, M10, M11, M20, M21, M22, M30, M31, M32, M33 = _block_inverse(
         _ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC),
-        _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC, APREC, DIAG_INV)
-    _store_lower(a_ptr, M00, M10, M11, M20, M21, M22, M30, M31, M32, M33, o_c, T, i_hv, HV, BT, BC)
+        _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC, APREC, DIAG_INV,
+        CHAIN)
+    _store_lower(m_ptr, M00, M10, M11, M20, M21, M22, M30, M31, M32, M33, o_c, T, i_hv, HV, BT, BC)
+
+
+@triton.jit
+def _dot3(a, b, acc):
+    """``acc + a b`` as three chained TF32 tensor-core products on ``a`` and ``b`` split once each
+    (:func:`_tf32_split`; ``lo hi + hi lo + hi hi``, FP32 accumulation): Triton's ``tf32x3`` without
+    its per-product re-split, NaN mask and separate add."""
+    ah, al = _tf32_split(a)
+    bh, bl = _tf32_split(b)
+    acc = tl.dot(al, bh, acc, input_precision="tf32")
+    acc = tl.dot(ah, bl, acc, input_precision="tf32")
+    return tl.dot(ah, bh, acc, input_precision="tf32")
 
 
 @triton.jit
 def _block_inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.constexpr, APREC: tl.constexpr,
-                   DIAG_INV: tl.constexpr = False):
+                   DIAG_INV: tl.constexpr = False, CHAIN: tl.constexpr = False):
     """The ten lower ``[BC, BC]`` blocks of ``M = (I + A)^-1`` (``BT = 4 BC``) from those of the strictly
     lower ``A``: ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE; with ``DIAG_INV`` the diagonal
     arguments already are ``M_ii``), ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj`` (``APREC``: FP32 inputs and
@@ -590,6 +607,15 @@ def _block_inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.cons
         M11 = _tril_inverse_16(A11, BC)
         M22 = _tril_inverse_16(A22, BC)
         M33 = _tril_inverse_16(A33, BC)
+    if CHAIN:  # APREC "tf32x3": the sums accumulate in the products (negation is exact)
+        z = tl.zeros([BC, BC], dtype=tl.float32)
+        M10 = _dot3(-M11, _dot3(A10, M00, z), z)
+        M21 = _dot3(-M22, _dot3(A21, M11, z), z)
+        M32 = _dot3(-M33, _dot3(A32, M22, z), z)
+        M20 = _dot3(-M22, _dot3(A21, M10, _dot3(A20, M00, z)), z)
+        M31 = _dot3(-M33, _dot3(A32, M21, _dot3(A31, M11, z)), z)
+        M30 = _dot3(-M33, _dot3(A32, M20, _dot3(A31, M10, _dot3(A30, M00, z))), z)
+        return M00, M10, M11, M20, M21, M22, M30, M31, M32, M33
     M10 = -tl.dot(M11, tl.dot(A10, M00, input_precision=APREC), input_precision=APREC)
     M21 = -tl.dot(M22, tl.dot(A21, M11, input_precision=APREC), input_precision=APREC)
     M32 = -tl.dot(M33, tl.dot(A32, M22, input_precision=APREC), input_precision=APREC)
@@ -666,16 +692,19 @@ def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.c
 
 @triton.jit
 def _ab_cols(k_ptr, g_ptr, j, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-             KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr):
+             KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr, DIRECT: tl.constexpr = False):
     """Column block ``j`` over channels ``kd ..``: ``k_s e^{E - G_s}`` (``[BC, KD]``; ``E``: ``G`` at the
     block's last row, exponent in ``[-15 |lb|, 0]``; GDN: ``k_s``), ``E`` (``[KD]``) and the sums of
-    squares of the raw ``k_s``."""
+    squares of the raw ``k_s``. ``DIRECT``: the raw ``k_s`` and the ``[BC, KD]`` tile ``G_s`` instead
+    (:func:`_ab_acc` then exponentiates ``G_r - G_s`` per pair)."""
     o_c = j * BC + tl.arange(0, BC)
     k = _tile(k_ptr, o_c, o_c < T, i_h, H, K, kd, KD)
     ss = tl.sum(k * k, axis=1)
     o_d = kd + tl.arange(0, KD)
     if GATE == 2:
         return k, o_d, ss
+    elif DIRECT:
+        return k, _tile(g_ptr, tl.minimum(o_c, T - 1), o_c >= 0, i_hv, HV, K, kd, KD), ss
     else:
         E = tl.load(g_ptr + (tl.minimum(j * BC + BC - 1, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
         G = _tile(g_ptr, tl.minimum(o_c, T - 1), o_c >= 0, i_hv, HV, K, kd, KD)
@@ -692,7 +721,8 @@ def _tf32_split(x):
 
 
 @triton.jit
-def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST: tl.constexpr):
+def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST: tl.constexpr,
+            DIRECT: tl.constexpr = False):
     """Add one key block to block pair ``(i, j)`` (``[2 BC, BC]``: ``A`` rows over ``Aqk`` rows): rows
     ``Xh + Xl`` of block ``i`` times columns ``k_s e^{G_r - G_s} = (k_s e^{E_j - G_s}) e^{G_r - E_j}`` of
     block ``j`` (per channel: ``G_r - E_j <= 0`` for ``j < i``; in ``[0, 15 |lb|]`` on the diagonal),
@@ -701,9 +731,14 @@ def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST:
     columns are split here, and the three TF32 products ``lo hi + hi lo + hi hi`` accumulate straight
     into ``X`` (Triton's own ``tf32x3`` re-splits both operands per product and adds its result to
     ``X`` afterwards). ``"tf32"`` (GDN with 16-bit inputs, every operand exact in TF32): one product.
-    Else one product of ``Xh`` with ``APREC``."""
+    Else one product of ``Xh`` with ``APREC``. ``DIRECT`` (``E``: the column block's ``[BC, KD]`` tile
+    ``G_s``): the columns as ``k_s e^{G_r - G_s}`` in one exponential per element (exponent at most
+    ``15 |lb|`` on the diagonal; for ``j < i`` it is negative, and where it underflows the true term
+    ``e^{G_t - G_s} <= e^{G_r - G_s}`` is below ``1e-38`` too)."""
     if GATE == 2:
         c = tl.trans(kt)
+    elif DIRECT:
+        c = tl.trans(kt * _exp(Gr[None, :] - E, FAST))
     else:
         c = tl.trans(kt * _exp(Gr - E, FAST)[None, :])
     if APREC == "tf32x3":
@@ -769,6 +804,8 @@ def chunk_intra_arow_kernel(
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # store the diagonal block as (I + A_ii)^-1 (for chunk_intra_inv_kernel's DIAG_INV)
     FAST_EXP: tl.constexpr = False,  # CUDA: _exp without the denormal fix-up
+    ROWSPEC: tl.constexpr = False,  # one code path per row block (ChunkLaunch.intra_a_rowspec)
+    DIRECT: tl.constexpr = False,  # column factors e^{G_r - G_s} per pair (ChunkLaunch.intra_a_direct)
 ):
     """Split in-chunk step, part 1, stacked form (``intra_a_stacked``, issue 4): grid (chunks, HV, BT / BC);
     program ``i`` builds rows ``i*BC ..`` of ``A`` and ``Aqk`` as :func:`chunk_intra_a_kernel` does, with
@@ -783,6 +820,33 @@ def chunk_intra_arow_kernel(
     i_h = i_hv // (HV // H)
     T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
                                                                   cidx_ptr, H, HV, K, BT, GATE)
+    if ROWSPEC:
+        # one specialised copy per row block: the column-block tests are static, and nothing is
+        # re-staged across the (now absent) branches
+        if i == 0:
+            _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 0, H, HV, K, BK, BT, BC, GATE,
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+        elif i == 1:
+            _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 1, H, HV, K, BK, BT, BC, GATE,
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+        elif i == 2:
+            _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 2, H, HV, K, BK, BT, BC, GATE,
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+        else:
+            _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 3, H, HV, K, BK, BT, BC, GATE,
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+    else:
+        _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC, GATE,
+                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+
+
+@triton.jit
+def _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H: tl.constexpr, HV: tl.constexpr,
+                K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr,
+                L2NORM: tl.constexpr, KD: tl.constexpr, APREC: tl.constexpr, DIAG_INV: tl.constexpr,
+                FAST_EXP: tl.constexpr, DIRECT: tl.constexpr):
+    """Body of :func:`chunk_intra_arow_kernel` for row block ``i`` (a program id, or a literal, which
+    makes every ``i >= j`` test below static)."""
     z = tl.zeros([2 * BC, BC], dtype=tl.float32)
     X0, X1, X2, X3 = z, z, z, z
     zc = tl.zeros([BC], dtype=tl.float32)
@@ -798,21 +862,21 @@ def chunk_intra_arow_kernel(
             Xh, Xl = _tf32_split(Xr)
         else:
             Xh, Xl = Xr, Xr
-        kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
+        kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP, DIRECT)
         c0 += sc
-        X0 = _ab_acc(X0, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
+        X0 = _ab_acc(X0, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP, DIRECT)
         if i >= 1:
-            kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP, DIRECT)
             c1 += sc
-            X1 = _ab_acc(X1, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
+            X1 = _ab_acc(X1, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP, DIRECT)
         if i >= 2:
-            kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP, DIRECT)
             c2 += sc
-            X2 = _ab_acc(X2, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
+            X2 = _ab_acc(X2, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP, DIRECT)
         if i >= 3:
-            kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP, DIRECT)
             c3 += sc
-            X3 = _ab_acc(X3, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP)
+            X3 = _ab_acc(X3, Xh, Xl, kt, Gr, E, GATE, PREC, FAST_EXP, DIRECT)
     sk, sq = tl.split(tl.permute(tl.reshape(sr, (2, BC)), (1, 0)))
     o_t = i * BC + tl.arange(0, BC)
     m_i = o_t < T
