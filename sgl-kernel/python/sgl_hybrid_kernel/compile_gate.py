@@ -239,21 +239,32 @@ def chunk_parallel_configs() -> List[KernelConfig]:
     out, seen = [], set()
     for (arch, cus), launch in CHUNK_LAUNCH.items():
         target = CHUNK_TARGETS[arch]
+        # sm_90's state pass is one dependent chain per (sequence, head, value tile) and runs one program
+        # per SM by design (its chunk loop's pipelined w / kg tiles, ~220 KB on the H200): Hopper's per-block limit
+        state_budget = {"state": HOPPER_SMEM} if target == "sm90" else None
         for tf32 in ((False,) if target != "sm90" else (True,)):  # chunk.py: no TF32 on CDNA
             for model, kind, H, HV, lb in models:
                 for ckpt in (False, True):
                     params = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt)
-                    _add_launch_rows(out, seen, target, params, {**bf16, **idx}, lambda part: (
+                    mrows = {"m_ptr": "*bf16"} if launch.intra_inv_lowp and launch.intra_solve_lowp else {}
+                    _add_launch_rows(out, seen, target, params, {**bf16, **idx, **mrows}, lambda part: (
                         f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}"
-                        f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"))
+                        f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"), budgets=state_budget)
     return out
 
 
+HOPPER_SMEM = 227 * 1024  # sm_90's per-block shared-memory limit
+
+
 def _add_launch_rows(out: List[KernelConfig], seen: set, target: str, params: Dict, ptr_types: Dict[str, str],
-                     name_of: Callable[[str], str]) -> None:
+                     name_of: Callable[[str], str], budgets: Optional[Dict[str, int]] = None) -> None:
     """Append one config per launched part ``{part: (kernel, constexprs, num_warps, _[, num_stages])}``
     not yet in ``seen`` (same target, part, constexprs, warps, stages), typed with the kernel's int32
-    scalars and those of ``ptr_types`` it takes."""
+    scalars and those of ``ptr_types`` it takes. Every pointer is marked 16-byte aligned, as Triton's
+    JIT specialises it at launch for torch allocations (the scratch these wrappers allocate always is;
+    inputs are when they start on a 16-byte boundary, and one that does not gets another, unchecked,
+    specialisation: correct, maybe slower). Integer scalars stay unspecialised. ``budgets``: shared-memory
+    budget per part (default: the config's 80 KiB)."""
     for part, spec in params.items():
         kern, cx, nw = spec[:3]
         stages = spec[4] if len(spec) > 4 else 1
@@ -263,8 +274,10 @@ def _add_launch_rows(out: List[KernelConfig], seen: set, target: str, params: Di
         seen.add(key)
         ps = inspect.signature(kern.fn).parameters
         sig = {k: v for k, v in ptr_types.items() if k in ps}
+        extra = {"lds_budget": budgets[part]} if budgets and part in budgets else {}
         out.append(KernelConfig(name_of(part), kern, cx, num_warps=nw, targets=(target,), num_stages=stages,
-                                signature={**_int32_scalars(kern, cx), **sig}))
+                                signature={**_int32_scalars(kern, cx), **sig},
+                                divisible=tuple(p for p in ps if p.endswith("_ptr") and p not in cx), **extra))
 
 
 def chunk_group_scan_configs() -> List[KernelConfig]:
@@ -310,7 +323,7 @@ def attention_moe_configs() -> List[KernelConfig]:
 
     mla = dict(R=512, P=64, PAGE_SIZE=1, CAUSAL=True)  # CAUSAL=False (DCP prefix shards) only drops the mask
     cuda_tile = dict(BLOCK_N=64, RC=512, RV=512)  # mla.attention.default_tile("cuda", rows <= 16)
-    hopper_smem = 227 * 1024  # sm_90's per-block limit: the 16-row Hopper tile runs one program per SM
+    hopper_smem = HOPPER_SMEM  # the 16-row Hopper tile runs one program per SM
     cdna_tile = dict(BLOCK_N=16, RC=64, RV=128)  # default_tile("rocm", ...) and rows > 32 everywhere
     route_sig = {"logits_ptr": f32, "bias_ptr": f32, "weights_ptr": f32, "ids_ptr": i32,
                  "routed_scaling_factor": "fp32", "shared_weight": "fp32"}
