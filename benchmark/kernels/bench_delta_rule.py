@@ -255,6 +255,27 @@ def check_correctness(results):
         errs += [rel(ob[sl].float(), ro), rel(pc[s], rs)]
         errs += [rel(ck[slot], saved[j]) for j, (_, _, slot) in enumerate([c for c in ckpts if c[0] == i])]
     out["chunk_auto_bf16_serving_rel_err"] = max(errs)
+    # the same for GDN (Qwen3.8: 16 q / k heads, 48 value heads; scalar gate), BF16 activations
+    Hg, HVg = 16, 48
+    qg, kg_ = (torch.randn(Nc, Hg, K, device=DEV).to(torch.bfloat16) for _ in range(2))
+    vg = torch.randn(Nc, HVg, V, device=DEV).to(torch.bfloat16)
+    ag, bg = (torch.randn(Nc, HVg, device=DEV).to(torch.bfloat16) for _ in range(2))
+    Ag, dtg = torch.rand(HVg, device=DEV), torch.randn(HVg, device=DEV)
+    poolg = torch.randn(8, HVg, K, V, device=DEV) * 0.1
+    refs = []
+    for i, s in enumerate(idc.tolist()):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        qn, kn = (l2_norm(x[sl].float()).repeat_interleave(HVg // Hg, 1) for x in (qg, kg_))
+        refs.append(gated_delta_recurrent(qn, kn, vg[sl].float(), gdn_gate(ag[sl].float(), Ag, dtg),
+                                          torch.sigmoid(bg[sl].float()), initial_state=poolg[s], acc_dtype=torch.float64)[:2])
+    for tag, sd in (("auto_bf16_serving", None), ("bf16in_fp32scratch", torch.float32)):  # serving: BF16 scratch
+        pg = poolg.clone()
+        og = gated_delta_chunk_triton(qg, kg_, vg, ag, bg, Ag, dtg, cu, pg, idc, gate="gdn", scratch_dtype=sd)
+        errs = []
+        for i, s in enumerate(idc.tolist()):
+            sl = slice(int(cu[i]), int(cu[i + 1]))
+            errs += [rel(og[sl].float(), refs[i][0]), rel(pg[s], refs[i][1])]
+        out[f"chunk_gdn_{tag}_rel_err"] = max(errs)
     from sgl_hybrid_kernel.dispatch import chosen_paths
     from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk
 
@@ -523,8 +544,12 @@ def bench_group_scan(results):
         for name, kw, sbv in variants:
             gs_mod.SUMMARY_BV_OVERRIDE = sbv
             call = lambda: gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, **base, **kw)  # noqa: E731
+            from sgl_hybrid_kernel.delta_rule import triton_chunk_parallel as tcp_mod
+
+            before = _compiled_entries(tcp_mod)
             try:
                 ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+                compiled.setdefault(name, _compiled_resources(tcp_mod, before))
                 ms2 = triton.testing.do_bench(call, warmup=10, rep=200, return_mode="median")
                 per, tot = _kernel_us(call)
             except Exception as exc:
@@ -619,7 +644,7 @@ def bench_group_scan(results):
 
 HOST_SHAPES = ((1, 4096), (1, 65536))
 # group-scan variants of bench_prefill_host at T: chunks of 64 tokens per group (64: one group at 4K)
-HOST_GROUP_CHUNKS = {4096: (64, 32, 22, 16, 8), 65536: ()}
+HOST_GROUP_CHUNKS = {4096: (64, 32, 22, 16, 8)}  # other T: plain pass only
 HOST_HEADS = (12, 128, 128)  # KDA heads, key and value head dims (Kimi K3 TP8)
 HOST_BASELINE = None  # main(): --prefill-baseline (an older checkout's package, timed in the same process)
 
@@ -728,21 +753,21 @@ def bench_prefill_host(results):
                              A_log=A, dt_bias=dtb, cu_seqlens=cu64)
 
         o_fla = s_fla = None
-        if T <= 4096:
-            try:
-                fms = triton.testing.do_bench(fla_call, warmup=50, rep=150, return_mode="median")
-                fper, ftot = _kernel_us(fla_call)
-                fhost, fsync = _host_numbers(fla_call)
-                pool.copy_(pool0)
-                o_fla, s_fla = fla_call()
-                o_fla = o_fla.view(N, H, V).float()
-                row.update(fla_ms=fms, fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot, fla_host_us=fhost,
-                           fla_syncs=fsync)
-                print(B, T, f"fla {fms:.3f} ms, kernels {ftot:.0f} us, host {fhost:.0f} us/call, syncs {fsync}", flush=True)
-            except Exception as exc:
-                print("fla chunk", type(exc).__name__, str(exc)[:300], flush=True)
+        # fla at every shape: the eager ratio with host lengths is the serving one
+        try:
+            fms = triton.testing.do_bench(fla_call, warmup=50, rep=150, return_mode="median")
+            fper, ftot = _kernel_us(fla_call)
+            fhost, fsync = _host_numbers(fla_call)
+            pool.copy_(pool0)
+            o_fla, s_fla = fla_call()
+            o_fla = o_fla.view(N, H, V).float()
+            row.update(fla_ms=fms, fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot, fla_host_us=fhost,
+                       fla_syncs=fsync)
+            print(B, T, f"fla {fms:.3f} ms, kernels {ftot:.0f} us, host {fhost:.0f} us/call, syncs {fsync}", flush=True)
+        except Exception as exc:
+            print("fla chunk", type(exc).__name__, str(exc)[:300], flush=True)
         variants = [("plain", dict(group_scan=False))]
-        variants += [(f"group_scan_L{gc}", dict(group_scan=True, group_chunks=gc)) for gc in HOST_GROUP_CHUNKS[T]]
+        variants += [(f"group_scan_L{gc}", dict(group_scan=True, group_chunks=gc)) for gc in HOST_GROUP_CHUNKS.get(T, ())]
         ref = None
         for impl, mods in impls:
             for lens_cpu in ((False, True) if impl == "new" else (False,)):
@@ -874,6 +899,32 @@ CHUNK_STATE_VARIANTS = [
     ("sw4", dict(state_warps=4)),
     ("skd128_sw4", dict(state_kd=128, state_warps=4)),
     ("skd128", dict(state_kd=128)),
+    # fifth round: the stacked A programs specialised per row block (static column-block tests, one
+    # code path each), key blocks of 32, the block-inverse merges as chained 3xTF32 products
+    ("a_rowspec", dict(intra_a_rowspec=True)),
+    ("a_rowspec_w4", dict(intra_a_rowspec=True, intra_a_warps=4)),
+    ("a_rowspec_st3", dict(intra_a_rowspec=True, intra_a_stages=3)),
+    ("a_kd32", dict(intra_a_kd=32)),
+    ("inv_chain", dict(intra_inv_chain=True)),
+    ("rowspec_chain", dict(intra_a_rowspec=True, intra_inv_chain=True)),
+    # over the table with those three (row-specialised A programs on 3 stages, chained inverse):
+    # column factors e^{G_r - G_s} in one exponential per pair element, and stages
+    ("a_direct", dict(intra_a_direct=True)),
+    ("a_direct_st4", dict(intra_a_direct=True, intra_a_stages=4)),
+    ("a_direct_st2", dict(intra_a_direct=True, intra_a_stages=2)),
+    # the pieces one at a time off the shipped table (same process), and B=1 state-pass parallelism
+    # (8-column tiles: 192 programs; 2 stages: less shared memory per program)
+    ("no_direct", dict(intra_a_direct=False)),
+    ("no_rowspec", dict(intra_a_rowspec=False, intra_a_direct=False, intra_a_stages=2)),
+    ("no_chain", dict(intra_inv_chain=False)),
+    ("sbv8_st2", dict(state_bv=8, state_stages=2)),
+    # the inverse stored as BF16 for the w / u step (which rounds it to BF16 anyway), inverse warps
+    ("inv_lowp", dict(intra_inv_lowp=True)),
+    ("inv_lowp_w2", dict(intra_inv_lowp=True, intra_inv_warps=2)),
+    ("inv_lowp_solve_w4", dict(intra_inv_lowp=True, intra_solve_warps=4)),
+    # over the table with those (BF16 inverse on 2 warps): the w / u step's warps, the inverse's old warps
+    ("solve_w4", dict(intra_solve_warps=4)),
+    ("inv_w4", dict(intra_inv_warps=4)),
 ]
 
 
@@ -901,6 +952,32 @@ def _fp64_chunk_err(fn):
 
 
 PARTIAL_OUT = None  # main(): --out, rewritten after every chunk-state variant
+
+
+def _compiled_entries(module):
+    """``{id: (kernel name, compiled kernel)}`` of every compiled Triton kernel of ``module``."""
+    out = {}
+    for name, fn in vars(module).items():
+        caches = getattr(fn, "device_caches", None)
+        if caches and name.endswith("_kernel"):
+            for dc in caches.values():
+                for ck in dc[0].values():
+                    out[id(ck)] = (name, ck)
+    return out
+
+
+def _compiled_resources(module, before):
+    """``{kernel: {"regs", "spills", "shared"}}`` of the kernels of ``module`` compiled since ``before``
+    (:func:`_compiled_entries`): this device's Triton as launched, what the CPU compile gate cannot see."""
+    out = {}
+    try:
+        for key, (name, ck) in _compiled_entries(module).items():
+            if key not in before:
+                ck._init_handles()
+                out[name] = dict(regs=ck.n_regs, spills=ck.n_spills, shared=ck.metadata.shared)
+    except Exception as exc:  # a Triton version without these fields: say so, do not fail the run
+        out["error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
+    return out
 
 
 def _load_baseline(path):
@@ -944,6 +1021,7 @@ def bench_chunk_state(results, variants=None, baseline=None):
     rows = []
     results["chunk_state"] = rows
     fp64_errs = {}
+    compiled = {}  # variant -> registers / spills / shared memory of the kernels its first call compiled
     H, K, V = 12, 128, 128
     A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
     for B, T in CHUNK_STATE_SHAPES:
@@ -983,8 +1061,12 @@ def bench_chunk_state(results, variants=None, baseline=None):
                 cp_mod.CHUNK_LAUNCH[key] = dataclasses.replace(base, **over)
             call = lambda: fn(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB,  # noqa: E731
                               method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False)
+            from sgl_hybrid_kernel.delta_rule import triton_chunk_parallel as tcp_mod
+
+            before = _compiled_entries(tcp_mod)
             try:
                 ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+                compiled.setdefault(name, _compiled_resources(tcp_mod, before))
                 per, tot = _kernel_us(call)
                 pool.copy_(pool0)
                 o = call().float()
@@ -1003,6 +1085,7 @@ def bench_chunk_state(results, variants=None, baseline=None):
                      kernel_sum_vs_fla=ftot / tot, state_us=state_us, intra_us=intra_us, kernel_us_per_call=per,
                      rel_diff_o_vs_fla=rel(o, o_fla), rel_diff_state_vs_fla=rel(pool, s_fla), fp64_rel_err_tf32_fp32in=fp64_err,
                      nan=bool(o.isnan().any() or pool.isnan().any()))
+            r["compiled"] = compiled.get(name)
             row["variants"][name] = r
             if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
                 with open(PARTIAL_OUT, "w") as fh:
