@@ -925,6 +925,9 @@ CHUNK_STATE_VARIANTS = [
     # over the table with those (BF16 inverse on 2 warps): the w / u step's warps, the inverse's old warps
     ("solve_w4", dict(intra_solve_warps=4)),
     ("inv_w4", dict(intra_inv_warps=4)),
+    # state pass tiles where the batch already fills the SMs (B=8: 768 programs of 16 columns)
+    ("sbv32_st2", dict(state_bv=32, state_stages=2)),
+    ("sbv64", dict(state_bv=64)),
 ]
 
 

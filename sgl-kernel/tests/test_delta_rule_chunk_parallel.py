@@ -236,6 +236,56 @@ def test_bf16_inverse_rows_equal_the_rounding_the_wu_step_does(monkeypatch):
             assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
 
 
+def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeypatch):
+    """``state_bv_costs`` (the sm_90 table, issue 4): without checkpoints and with BF16 scratch the
+    state pass takes the value tile whose waves x step time is least (one program per SM). Kimi K3 TP8
+    on 132 SMs: B=1 keeps 16 columns (96 programs, one wave), B=2 takes 32, B=4 and B=8 take 64 (what
+    the H200 measured fastest, or within 2 %); no costs: ``state_bv``. End to end in the interpreter, a
+    fake 4-SM sm_90 part makes 3 sequences x 2 heads (V = 64) take 64 columns: outputs and final states
+    within the BF16 bound of the FP64 recurrence and within 1e-2 of the 16-column pass; FP32 scratch
+    and checkpoints keep 16 columns."""
+    import dataclasses
+
+    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+    from sgl_hybrid_kernel.platform import DevicePlatform
+
+    table = cp.CHUNK_LAUNCH[("sm90", 132)]
+    assert [cp.pick_state_tile(table, 12 * b, 128, 132) for b in (1, 2, 4, 8)] == [16, 32, 64, 64]
+    assert cp.pick_state_tile(dataclasses.replace(table, state_bv_costs=()), 96, 128, 132) == table.state_bv == 16
+    assert cp.pick_state_tile(table, 96, 128, 0) == 16  # no compute-unit count (CPU)
+
+    gen = torch.Generator().manual_seed(21)
+    lens, H, K, V = [70, 40, 20], 2, 64, 64
+    N = sum(lens)
+    q, k, v = (torch.randn(N, H, d, generator=gen) for d in (K, K, V))
+    f, b = torch.randn(N, H, K, generator=gen), torch.randn(N, H, generator=gen)
+    A, dtb = torch.rand(H, generator=gen), torch.randn(H * K, generator=gen)
+    cu = torch.tensor([0, 70, 110, N])
+    init = torch.randn(3, H, K, V, generator=gen) * 0.1
+    tiles, real = [], cp.launch_params
+    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 4, "fake"))
+    monkeypatch.setattr(cp, "launch_params", lambda *a, **kw: tiles.append(kw.get("state_tile")) or real(*a, **kw))
+    runs = {}
+    for name, launch, sd, ckpts in (("wide", table, torch.bfloat16, []),
+                                    ("narrow", dataclasses.replace(table, state_bv_costs=()), torch.bfloat16, []),
+                                    ("fp32", table, torch.float32, []), ("ckpt", table, torch.bfloat16, [(0, 64, 0)])):
+        pool = init.clone()
+        ck = torch.zeros(1, H, K, V)
+        o = cp.gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.arange(3), torch.ones(3, dtype=torch.int32),
+                                          GATE_KDA_SAFE, -5.0, K ** -0.5, True, "kv", ckpts, ck if ckpts else None, lens,
+                                          scratch_dtype=sd, launch=launch, tf32=True)
+        runs[name] = (o, pool)
+    assert tiles == [64, None, None, None]
+    rel = lambda a, r: float((a.double() - r.double()).norm() / r.double().norm())  # noqa: E731
+    for i, n0 in enumerate((0, 70, 110)):
+        sl = slice(n0, n0 + lens[i])
+        ro, rS = gated_delta_recurrent(l2_norm(q[sl]), l2_norm(k[sl]), v[sl], kda_gate(f[sl], A, dtb, -5.0),
+                                       torch.sigmoid(b[sl]), initial_state=init[i], acc_dtype=torch.float64)[:2]
+        assert rel(runs["wide"][0][sl], ro) < 1.5e-2 and rel(runs["wide"][1][i], rS) < 1.5e-2
+        assert rel(runs["wide"][0][sl], runs["narrow"][0][sl]) < 1e-2 and rel(runs["wide"][1][i], runs["narrow"][1][i]) < 1e-2
+
+
 def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):
     """On ROCm (device reported as such) the prefill dispatch picks Triton with the gfx950 launch
     entry and logs it; ``method="auto"`` runs the chunk-64 form without TF32 and the sequential
@@ -279,6 +329,7 @@ def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
     assert disp.choose_chunk(q, v, s) == "triton"
     choice = next(c for c in chosen_paths() if c.op == "delta_rule_prefill")
     assert choice.impl == "triton:chunk64:sm90x132" and "TF32" in choice.reason
+    assert "state pass 16/32/64 value columns by batch" in choice.reason
     calls = []
     monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
     args = (q, q, v, torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3),

@@ -239,8 +239,8 @@ def chunk_parallel_configs() -> List[KernelConfig]:
     out, seen = [], set()
     for (arch, cus), launch in CHUNK_LAUNCH.items():
         target = CHUNK_TARGETS[arch]
-        # sm_90's state pass is one dependent chain per (sequence, head, value tile) and runs one program
-        # per SM by design (its chunk loop's pipelined w / kg tiles, ~220 KB on the H200): Hopper's per-block limit
+        # sm_90's state pass pipelines whole-K w / kg tiles through its chunk loop (110 KB at 16 value
+        # columns, 140 KB at 64; the H200's Triton reports the same): Hopper's per-block limit
         state_budget = {"state": HOPPER_SMEM} if target == "sm90" else None
         for tf32 in ((False,) if target != "sm90" else (True,)):  # chunk.py: no TF32 on CDNA
             for model, kind, H, HV, lb in models:
@@ -250,6 +250,12 @@ def chunk_parallel_configs() -> List[KernelConfig]:
                     _add_launch_rows(out, seen, target, params, {**bf16, **idx, **mrows}, lambda part: (
                         f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}"
                         f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"), budgets=state_budget)
+                    # the wider state tiles chunk_parallel.pick_state_tile takes for large batches (no checkpoints)
+                    for bv, _ in (launch.state_bv_costs if not ckpt else ()):
+                        wide = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, state_tile=bv)
+                        _add_launch_rows(out, seen, target, {"state": wide["state"]}, {**bf16, **idx},
+                                         lambda part, bv=bv: f"{model}_chunk64_state_bv{bv}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}",
+                                         budgets=state_budget)
     return out
 
 

@@ -82,6 +82,10 @@ class ChunkLaunch:
     ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
     their right operands rounded to the BF16 scratch (as fla's recompute of w / u; FP32 scratch:
     unchanged);
+    ``state_bv_costs``: ``((value columns, relative time of one chunk step), ...)`` of the state pass
+    without checkpoints and with 16-bit scratch: :func:`pick_state_tile` takes the tile whose waves x step
+    time is least for the batch (wider tiles when ``sequences x HV x V / state_bv`` programs would run
+    in several waves; empty: always ``state_bv``);
     ``state_lowp``: the state pass's products take the state / ``v_new`` rounded to the scratch dtype
     (BF16 scratch: BF16 tensor-core products with FP32 accumulation, as fla's state pass; FP32
     scratch: unchanged);
@@ -120,6 +124,7 @@ class ChunkLaunch:
     state_kd: int = 64
     state_bv: int = 32
     state_bv_ckpt: int = 8
+    state_bv_costs: Tuple[Tuple[int, float], ...] = ()
     state_warps: int = 8
     state_kd_ckpt: int = 0
     state_warps_ckpt: int = 0
@@ -147,6 +152,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
                                group_kd=64, group_warps=8,
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
+                               state_bv_costs=((16, 1.0), (32, 1.55), (64, 2.3)),
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py, B=1 T=64K and "
@@ -186,7 +192,8 @@ def device_chunk_launch(device: torch.device) -> ChunkLaunch:
 @functools.lru_cache(maxsize=256)
 def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: int, lower_bound: float,
                   l2norm: bool, tf32: bool, ckpt: bool, value_tile: Optional[int] = None,
-                  num_warps: Optional[int] = None, interpret: bool = False) -> Dict[str, tuple]:
+                  num_warps: Optional[int] = None, interpret: bool = False,
+                  state_tile: Optional[int] = None) -> Dict[str, tuple]:
     """``{"cumsum" | "intra" (or "intra_a" [+ "intra_inv"] + "intra_solve") | "state" | "output":
     (kernel, constexprs, num_warps, grid_tail[, num_stages])}``: what
     :func:`gated_delta_chunk_parallel` launches; ``compile_gate`` compiles the same dicts.
@@ -194,10 +201,11 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     ``grid_tail``: the grid's value-tile / channel-block / row-block dimension; ``num_stages``
     (``intra_a`` and ``output``): the software-pipelining stages it is launched and compile-gated
     with (the other parts: Triton's default). ``interpret``: CPU tensors (Triton interpreter; ``state_lowp``
-    then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong)."""
+    then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong).
+    ``state_tile``: value columns of the state pass (:func:`pick_state_tile`; ``value_tile`` wins)."""
     BK = triton.next_power_of_2(K)
     BVP = triton.next_power_of_2(V)
-    sbv = min(value_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
+    sbv = min(value_tile or state_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
     obv = min(value_tile or launch.value_tile, BVP)
     gbk = min(launch.cumsum_bk, BK)
     skd = (launch.state_kd_ckpt or launch.state_kd) if ckpt else launch.state_kd
@@ -250,6 +258,27 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                              KD=min(launch.output_kd, BK)),
                    num_warps or launch.output_warps, (triton.cdiv(V, obv),), launch.output_stages),
     }
+
+
+def pick_state_tile(launch: ChunkLaunch, programs_per_tile: int, V: int, num_compute_units: int) -> int:
+    """Value columns of the state pass without checkpoints (16-bit scratch; issue 4): of
+    ``launch.state_bv_costs``, the tile whose ``waves x step time`` is least, where ``waves =
+    ceil(programs_per_tile x ceil(V / columns) / num_compute_units)`` (waves of one program per SM) and
+    the step times are relative, fitted on the H200 (``2026-11-30-h200-prefill_state_tiles.json``: 16 / 32 /
+    64 columns per chunk step ~ 1 : 1.55 : 2.3; the fit absorbs that two 16-column programs, 110 KB of
+    shared memory each, share an SM, which slows each). Ties keep the narrower tile (listed first).
+    ``programs_per_tile``: sequences x value heads. Without costs or compute units: ``launch.state_bv``.
+
+    Kimi K3 TP8 (12 heads x 128): B=1 -> 16 columns (96 programs, one wave), B=4 -> 64 (H200 state
+    pass 731 -> 402 us), B=8 -> 64 (1,117 -> 893; 32 columns: 879)."""
+    if not launch.state_bv_costs or num_compute_units <= 0:
+        return launch.state_bv
+    best = None
+    for bv, cost in launch.state_bv_costs:
+        waves = -(-programs_per_tile * triton.cdiv(V, bv) // num_compute_units)
+        if best is None or waves * cost < best[0] - 1e-9:
+            best = (waves * cost, bv)
+    return best[1]
 
 
 def int32_to_device(data: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -390,8 +419,12 @@ def gated_delta_chunk_parallel(
     if NC == 0:
         return o
     lb = 0.0 if lower_bound is None else float(lower_bound)
+    state_tile = None
+    if launch.state_bv_costs and ckpt_idx is None and not group_chunks and sd.itemsize == 2:
+        # 16-bit scratch only: with FP32 scratch the wider tiles exceed sm_90's shared memory (CPU: no CUs)
+        state_tile = pick_state_tile(launch, S * HV, V, device_platform(dev).num_compute_units or 0)
     p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps,
-                      interpret=dev.type == "cpu")
+                      interpret=dev.type == "cpu", state_tile=state_tile)
     gshape = (N, HV) if kind == GATE_GDN else (N, HV, K)
     G = torch.empty(gshape, dtype=torch.float32, device=dev)
     aqk = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)

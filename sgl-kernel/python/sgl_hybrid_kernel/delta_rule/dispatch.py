@@ -81,20 +81,28 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
         timed = "timed" if launch.tuned else "untimed"
         record_choice("delta_rule_prefill", f"triton:chunk64:{launch.name}",
                       f"rocm: triton_chunk_parallel (chunk 64, FP32 products), launch table {launch.name} "
-                      f"({timed}; {launch.source})", log=logger)
+                      f"({timed}; {launch.source}){_state_tiles(launch)}", log=logger)
         return "triton"
     if q.element_size() == 2:
         launch = device_chunk_launch(q.device)
         timed = "timed" if launch.tuned else "untimed"
         record_choice("delta_rule_prefill", f"triton:chunk64:{launch.name}",
                       f"cuda: triton_chunk_parallel (chunk 64, TF32 products, FP32 inverse), launch table "
-                      f"{launch.name} ({timed}; {launch.source})", log=logger)
+                      f"{launch.name} ({timed}; {launch.source}){_state_tiles(launch)}", log=logger)
         return "triton"
     arch = device_platform(q.device).arch
     record_choice("delta_rule_prefill", "triton:bt16-bv32-w8",
                   f"cuda, FP32 activations: triton_chunk BT=16 BV=32 num_warps=8 (FP32 products; measured on sm90, "
                   f"not in the compile gate's spill-free set{'' if arch == 'sm90' else f'; untuned on {arch}'})", log=logger)
     return "triton"
+
+
+def _state_tiles(launch) -> str:
+    """The log's note on the state pass's value tile when it depends on the batch (``pick_state_tile``)."""
+    if not launch.state_bv_costs:
+        return ""
+    cols = "/".join(str(bv) for bv, _ in launch.state_bv_costs)
+    return f"; state pass {cols} value columns by batch (16-bit scratch, no checkpoints)"
 
 
 GROUP_SCAN_OP = "delta_rule_prefill_group_scan"
