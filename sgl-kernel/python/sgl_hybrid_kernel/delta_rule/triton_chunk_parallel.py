@@ -582,15 +582,21 @@ def chunk_intra_inv_kernel(
 
 
 @triton.jit
-def _dot3(a, b, acc):
-    """``acc + a b`` as three chained TF32 tensor-core products on ``a`` and ``b`` split once each
-    (:func:`_tf32_split`; ``lo hi + hi lo + hi hi``, FP32 accumulation): Triton's ``tf32x3`` without
-    its per-product re-split, NaN mask and separate add."""
-    ah, al = _tf32_split(a)
+def _dot3_split(ah, al, b, acc):
+    """``acc + (ah + al) b`` as three chained TF32 tensor-core products, ``a`` given split
+    (:func:`_tf32_split`) and ``b`` split here: ``lo hi + hi lo + hi hi`` with FP32 accumulation, i.e.
+    Triton's ``tf32x3`` without its per-product re-split, NaN mask and separate add."""
     bh, bl = _tf32_split(b)
     acc = tl.dot(al, bh, acc, input_precision="tf32")
     acc = tl.dot(ah, bl, acc, input_precision="tf32")
     return tl.dot(ah, bh, acc, input_precision="tf32")
+
+
+@triton.jit
+def _dot3(a, b, acc):
+    """``acc + a b`` by :func:`_dot3_split`, ``a`` split here too."""
+    ah, al = _tf32_split(a)
+    return _dot3_split(ah, al, b, acc)
 
 
 @triton.jit
@@ -742,10 +748,7 @@ def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST:
     else:
         c = tl.trans(kt * _exp(Gr - E, FAST)[None, :])
     if APREC == "tf32x3":
-        ch, cl = _tf32_split(c)
-        X = tl.dot(Xl, ch, X, input_precision="tf32")
-        X = tl.dot(Xh, cl, X, input_precision="tf32")
-        return tl.dot(Xh, ch, X, input_precision="tf32")
+        return _dot3_split(Xh, Xl, c, X)
     else:
         return tl.dot(Xh, c, X, input_precision=APREC)
 
