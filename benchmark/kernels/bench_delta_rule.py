@@ -957,6 +957,13 @@ def _fp64_chunk_err(fn):
 PARTIAL_OUT = None  # main(): --out, rewritten after every chunk-state variant
 
 
+def _context_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error that leaves the process's context unusable (an illegal memory
+    access or another sticky error: every later launch fails with it)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "illegal memory access" in text or "unspecified launch failure" in text or "misaligned address" in text
+
+
 def _compiled_entries(module):
     """``{id: (kernel name, compiled kernel)}`` of every compiled Triton kernel of ``module``."""
     out = {}
@@ -1075,6 +1082,12 @@ def bench_chunk_state(results, variants=None, baseline=None):
                 o = call().float()
             except Exception as exc:
                 print("variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
+                if _context_lost(exc):  # every later launch in this process would fail too: say so once
+                    print(f"CUDA context lost at variant {name}: the remaining variants of this run are skipped; "
+                          "rerun them without it", flush=True)
+                    row["context_lost_at"] = name
+                    cp_mod.CHUNK_LAUNCH[key] = base
+                    return
                 continue
             if name not in fp64_errs:  # the same launch's numerics at every shape: check once
                 try:  # FP32 inputs / scratch: a variant may not fit there (e.g. shared memory)
