@@ -544,12 +544,8 @@ def bench_group_scan(results):
         for name, kw, sbv in variants:
             gs_mod.SUMMARY_BV_OVERRIDE = sbv
             call = lambda: gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, **base, **kw)  # noqa: E731
-            from sgl_hybrid_kernel.delta_rule import triton_chunk_parallel as tcp_mod
-
-            before = _compiled_entries(tcp_mod)
             try:
                 ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
-                compiled.setdefault(name, _compiled_resources(tcp_mod, before))
                 ms2 = triton.testing.do_bench(call, warmup=10, rep=200, return_mode="median")
                 per, tot = _kernel_us(call)
             except Exception as exc:
@@ -1022,6 +1018,7 @@ def bench_chunk_state(results, variants=None, baseline=None):
     from fla.ops.kda import chunk_kda
 
     from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp_mod
+    from sgl_hybrid_kernel.delta_rule import triton_chunk_parallel as tcp_mod
     from sgl_hybrid_kernel.platform import device_platform
 
     base_fn = _load_baseline(baseline)[0] if baseline else None
@@ -1071,8 +1068,6 @@ def bench_chunk_state(results, variants=None, baseline=None):
                 cp_mod.CHUNK_LAUNCH[key] = dataclasses.replace(base, **over)
             call = lambda: fn(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB,  # noqa: E731
                               method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False)
-            from sgl_hybrid_kernel.delta_rule import triton_chunk_parallel as tcp_mod
-
             before = _compiled_entries(tcp_mod)
             try:
                 ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
