@@ -924,6 +924,30 @@ CHUNK_STATE_VARIANTS = [
     # state pass tiles where the batch already fills the SMs (B=8: 768 programs of 16 columns)
     ("sbv32_st2", dict(state_bv=32, state_stages=2)),
     ("sbv64", dict(state_bv=64)),
+    # sixth round (over the table): the gate cumsum's channel block / warps, the A build without
+    # pipelining or on one warp, the state pass with 4 stages (last: a state-pass variant may lose the
+    # context), and, for information only, every in-chunk product as one TF32 product as fla does
+    # (not the FP32-input contract for A and its inverse)
+    ("cs_bk128_w4", dict(cumsum_bk=128, cumsum_warps=4)),
+    ("cs_bk128_w8", dict(cumsum_bk=128, cumsum_warps=8)),
+    ("cs_bk32_w2", dict(cumsum_bk=32, cumsum_warps=2)),
+    ("cs_w8", dict(cumsum_warps=8)),
+    ("a_st1", dict(intra_a_stages=1)),
+    ("a_w1", dict(intra_a_warps=1)),
+    ("solve_w4_cs128", dict(intra_solve_warps=4, cumsum_bk=128, cumsum_warps=8)),
+    ("fla_prec", dict(intra_precision="tf32")),
+    ("sst4", dict(state_stages=4)),
+    # over the table with those kept (A programs on one warp, w / u on 4 warps, 4 state-pass stages with
+    # 16-bit scratch): each taken back, more stages, and the state tiles re-timed at 4+ stages
+    ("sst3", dict(state_stages_lowp=3)),
+    ("sst5", dict(state_stages_lowp=5)),
+    ("arow_w2", dict(intra_arow_warps=2)),
+    ("solve_w8", dict(intra_solve_warps=8)),
+    ("sbv16_only", dict(state_bv_costs=())),
+    ("sbv32_only", dict(state_bv_costs=(), state_bv=32)),
+    ("sbv32_sst5", dict(state_bv_costs=(), state_bv=32, state_stages_lowp=5)),
+    ("sst6", dict(state_stages_lowp=6)),
+    ("sbv16_sst6", dict(state_bv_costs=(), state_stages_lowp=6)),
 ]
 
 

@@ -239,11 +239,12 @@ def test_bf16_inverse_rows_equal_the_rounding_the_wu_step_does(monkeypatch):
 def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeypatch):
     """``state_bv_costs`` (the sm_90 table, issue 4): without checkpoints and with BF16 scratch the
     state pass takes the value tile whose waves x step time is least (one program per SM). Kimi K3 TP8
-    on 132 SMs: B=1 keeps 16 columns (96 programs, one wave), B=2 takes 32, B=4 and B=8 take 64 (what
-    the H200 measured fastest, or within 2 %); no costs: ``state_bv``. End to end in the interpreter, a
-    fake 4-SM sm_90 part makes 3 sequences x 2 heads (V = 64) take 64 columns: outputs and final states
-    within the BF16 bound of the FP64 recurrence and within 1e-2 of the 16-column pass; FP32 scratch
-    and checkpoints keep 16 columns."""
+    on 132 SMs: B=1 keeps 16 columns (96 programs, one wave), B=2 takes 32, B=4 64 and B=8 32 (what
+    the H200 measured fastest with the 4-stage pass); no costs: ``state_bv``. End to end in the
+    interpreter, a fake 2-SM sm_90 part makes 3 sequences x 2 heads (V = 64) take 64 columns: outputs and
+    final states within the BF16 bound of the FP64 recurrence and within 1e-2 of the 16-column pass; FP32
+    scratch and checkpoints keep 16 columns. The wrapper asks for the 16-bit state-pass stages
+    (``lowp_scratch``) exactly when the scratch is BF16."""
     import dataclasses
 
     from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
@@ -251,7 +252,7 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
     from sgl_hybrid_kernel.platform import DevicePlatform
 
     table = cp.CHUNK_LAUNCH[("sm90", 132)]
-    assert [cp.pick_state_tile(table, 12 * b, 128, 132) for b in (1, 2, 4, 8)] == [16, 32, 64, 64]
+    assert [cp.pick_state_tile(table, 12 * b, 128, 132) for b in (1, 2, 4, 8)] == [16, 32, 64, 32]
     assert cp.pick_state_tile(dataclasses.replace(table, state_bv_costs=()), 96, 128, 132) == table.state_bv == 16
     assert cp.pick_state_tile(table, 96, 128, 0) == 16  # no compute-unit count (CPU)
 
@@ -264,8 +265,8 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
     cu = torch.tensor([0, 70, 110, N])
     init = torch.randn(3, H, K, V, generator=gen) * 0.1
     tiles, real = [], cp.launch_params
-    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 4, "fake"))
-    monkeypatch.setattr(cp, "launch_params", lambda *a, **kw: tiles.append(kw.get("state_tile")) or real(*a, **kw))
+    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 2, "fake"))
+    monkeypatch.setattr(cp, "launch_params", lambda *a, **kw: tiles.append((kw.get("state_tile"), kw.get("lowp_scratch"))) or real(*a, **kw))
     runs = {}
     for name, launch, sd, ckpts in (("wide", table, torch.bfloat16, []),
                                     ("narrow", dataclasses.replace(table, state_bv_costs=()), torch.bfloat16, []),
@@ -276,7 +277,7 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
                                           GATE_KDA_SAFE, -5.0, K ** -0.5, True, "kv", ckpts, ck if ckpts else None, lens,
                                           scratch_dtype=sd, launch=launch, tf32=True)
         runs[name] = (o, pool)
-    assert tiles == [64, None, None, None]
+    assert tiles == [(64, True), (None, True), (None, False), (None, True)]
     rel = lambda a, r: float((a.double() - r.double()).norm() / r.double().norm())  # noqa: E731
     for i, n0 in enumerate((0, 70, 110)):
         sl = slice(n0, n0 + lens[i])
@@ -284,6 +285,29 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
                                        torch.sigmoid(b[sl]), initial_state=init[i], acc_dtype=torch.float64)[:2]
         assert rel(runs["wide"][0][sl], ro) < 1.5e-2 and rel(runs["wide"][1][i], rS) < 1.5e-2
         assert rel(runs["wide"][0][sl], runs["narrow"][0][sl]) < 1e-2 and rel(runs["wide"][1][i], runs["narrow"][1][i]) < 1e-2
+
+
+def test_sm90_state_pass_stages_follow_the_scratch_and_the_stacked_a_warps_the_gate():
+    """sm_90 table (issue 4, sixth round): the plain state pass runs 4 pipelining stages with 16-bit scratch
+    and no checkpoints (H200, B=1 T=64K: 951 -> 788 us) and keeps 3 with FP32 scratch (4 stages of FP32
+    tiles need 292,352 B of shared memory, over sm_90's 232,448) and with checkpoints; the stacked ``A``
+    programs (bounded KDA gate, GDN) run on one warp while the unbounded gate's ``chunk_intra_a_kernel``
+    keeps ``intra_a_warps`` (on one warp it spills on sm_90)."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
+    from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import chunk_intra_a_kernel, chunk_intra_arow_kernel
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+
+    sm90 = CHUNK_LAUNCH[("sm90", 132)]
+    assert (sm90.state_stages, sm90.state_stages_lowp, sm90.intra_arow_warps, sm90.intra_a_warps) == (3, 4, 1, 2)
+    kda = (sm90, GATE_KDA_SAFE, 12, 12, 128, 128, -5.0, True, True)
+    stages = {(lowp, ckpt): launch_params(*kda, ckpt, lowp_scratch=lowp)["state"][1]["STAGES"]
+              for lowp in (False, True) for ckpt in (False, True)}
+    assert stages == {(False, False): 3, (False, True): 3, (True, False): 4, (True, True): 3}
+    for kind, H, HV, lb, kern, warps in ((GATE_KDA_SAFE, 12, 12, -5.0, chunk_intra_arow_kernel, 1),
+                                         (GATE_GDN, 16, 48, 0.0, chunk_intra_arow_kernel, 1),
+                                         (GATE_KDA, 12, 12, 0.0, chunk_intra_a_kernel, 2)):
+        part = launch_params(sm90, kind, H, HV, 128, 128, lb, True, True, False)["intra_a"]
+        assert part[0] is kern and part[2] == warps
 
 
 def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):

@@ -245,14 +245,16 @@ def chunk_parallel_configs() -> List[KernelConfig]:
         for tf32 in ((False,) if target != "sm90" else (True,)):  # chunk.py: no TF32 on CDNA
             for model, kind, H, HV, lb in models:
                 for ckpt in (False, True):
-                    params = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt)
+                    # BF16 scratch, as these rows type it (and as serving runs): the 16-bit state-pass stages
+                    params = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, lowp_scratch=True)
                     mrows = {"m_ptr": "*bf16"} if launch.intra_inv_lowp and launch.intra_solve_lowp else {}
                     _add_launch_rows(out, seen, target, params, {**bf16, **idx, **mrows}, lambda part: (
                         f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}"
                         f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"), budgets=state_budget)
                     # the wider state tiles chunk_parallel.pick_state_tile takes for large batches (no checkpoints)
                     for bv, _ in (launch.state_bv_costs if not ckpt else ()):
-                        wide = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, state_tile=bv)
+                        wide = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, state_tile=bv,
+                                             lowp_scratch=True)
                         _add_launch_rows(out, seen, target, {"state": wide["state"]}, {**bf16, **idx},
                                          lambda part, bv=bv: f"{model}_chunk64_state_bv{bv}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}",
                                          budgets=state_budget)

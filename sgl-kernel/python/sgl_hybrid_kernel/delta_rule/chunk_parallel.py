@@ -65,6 +65,8 @@ class ChunkLaunch:
     the ``A`` / ``Aqk`` programs as ``chunk_intra_arow_kernel`` (same grid, warps, ``intra_a_kd`` and
     stages: key blocks in the outer loop, ``[k; q]`` stacked into one 32-row operand, the row factors
     exponentiated once per key block; the unbounded KDA gate keeps ``chunk_intra_a_kernel``);
+    ``intra_arow_warps``: warps of the stacked ``A`` programs (0: ``intra_a_warps``; the unbounded gate's
+    ``chunk_intra_a_kernel`` keeps ``intra_a_warps``: on one warp it spills on sm_90);
     ``fast_exp`` (CUDA): the stacked ``A`` programs exponentiate with ``ex2.approx.ftz`` (no denormal
     fix-up; never under the interpreter);
     ``intra_diag_inv`` (with ``intra_a_stacked`` and ``intra_inv``): the 16x16 diagonal inverses
@@ -82,6 +84,9 @@ class ChunkLaunch:
     ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
     their right operands rounded to the BF16 scratch (as fla's recompute of w / u; FP32 scratch:
     unchanged);
+    ``state_stages_lowp``: the state pass's pipelining stages with 16-bit scratch, no checkpoints and no
+    group scan (0: ``state_stages``; sm_90: each stage holds one chunk's BF16 ``w`` / ``kg`` / ``u`` tiles,
+    and an FP32 scratch at 4 stages exceeds the 227 KiB per block);
     ``state_bv_costs``: ``((value columns, relative time of one chunk step), ...)`` of the state pass
     without checkpoints and with 16-bit scratch: :func:`pick_state_tile` takes the tile whose waves x step
     time is least for the batch (wider tiles when ``sequences x HV x V / state_bv`` programs would run
@@ -114,6 +119,7 @@ class ChunkLaunch:
     intra_inv_warps: int = 2
     intra_inv_warps_diag: int = 0
     intra_a_stacked: bool = False
+    intra_arow_warps: int = 0
     intra_diag_inv: bool = False
     intra_a_rowspec: bool = False
     intra_a_direct: bool = False
@@ -131,6 +137,7 @@ class ChunkLaunch:
     group_kd: int = 0
     group_warps: int = 0
     state_stages: int = 1
+    state_stages_lowp: int = 0
     state_early: bool = True
     state_lowp: bool = False
     value_tile: int = 32
@@ -148,11 +155,11 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
                                intra_a_stages=3, intra_a_stacked=True, intra_diag_inv=True, fast_exp=True, intra_inv=True,
                                intra_a_rowspec=True, intra_a_direct=True, intra_inv_chain=True, intra_inv_lowp=True,
-                               intra_inv_warps=2, intra_inv_warps_diag=4, intra_solve_warps=8,
+                               intra_arow_warps=1, intra_inv_warps=2, intra_inv_warps_diag=4, intra_solve_warps=4,
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
                                group_kd=64, group_warps=8,
-                               state_bv=16, state_bv_ckpt=8, state_stages=3, state_lowp=True,
-                               state_bv_costs=((16, 1.0), (32, 1.55), (64, 2.3)),
+                               state_bv=16, state_bv_ckpt=8, state_stages=3, state_stages_lowp=4, state_lowp=True,
+                               state_bv_costs=((16, 1.0), (32, 1.27), (64, 2.08)),
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py, B=1 T=64K and "
@@ -193,7 +200,7 @@ def device_chunk_launch(device: torch.device) -> ChunkLaunch:
 def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: int, lower_bound: float,
                   l2norm: bool, tf32: bool, ckpt: bool, value_tile: Optional[int] = None,
                   num_warps: Optional[int] = None, interpret: bool = False,
-                  state_tile: Optional[int] = None) -> Dict[str, tuple]:
+                  state_tile: Optional[int] = None, lowp_scratch: bool = False) -> Dict[str, tuple]:
     """``{"cumsum" | "intra" (or "intra_a" [+ "intra_inv"] + "intra_solve") | "state" | "output":
     (kernel, constexprs, num_warps, grid_tail[, num_stages])}``: what
     :func:`gated_delta_chunk_parallel` launches; ``compile_gate`` compiles the same dicts.
@@ -202,7 +209,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     (``intra_a`` and ``output``): the software-pipelining stages it is launched and compile-gated
     with (the other parts: Triton's default). ``interpret``: CPU tensors (Triton interpreter; ``state_lowp``
     then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong).
-    ``state_tile``: value columns of the state pass (:func:`pick_state_tile`; ``value_tile`` wins)."""
+    ``state_tile``: value columns of the state pass (:func:`pick_state_tile`; ``value_tile`` wins).
+    ``lowp_scratch``: the scratch is 16-bit and the plain (not group-scan) state pass runs, so without
+    checkpoints it takes ``launch.state_stages_lowp`` stages."""
     BK = triton.next_power_of_2(K)
     BVP = triton.next_power_of_2(V)
     sbv = min(value_tile or state_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
@@ -229,7 +238,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
                                                  KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec))
         intra = {
-            "intra_a": a_part + (launch.intra_a_warps, (BT // BC,), launch.intra_a_stages),
+            "intra_a": a_part + ((launch.intra_arow_warps or launch.intra_a_warps) if stacked else launch.intra_a_warps,
+                                 (BT // BC,), launch.intra_a_stages),
             "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
                                                            APREC=aprec, INV=launch.intra_inv,
                                                            LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0),
@@ -250,7 +260,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         **intra,
         "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(skd, BK), BK // 4), CKPT=ckpt,
-                                           STAGES=launch.state_stages,
+                                           STAGES=(launch.state_stages_lowp if lowp_scratch and not ckpt
+                                                   and launch.state_stages_lowp else launch.state_stages),
                                            EARLY=launch.state_early,
                                            LOWP=(2 if interpret else 1) if launch.state_lowp and not ckpt else 0),
                   num_warps or swarps, (triton.cdiv(V, sbv),)),
@@ -264,13 +275,14 @@ def pick_state_tile(launch: ChunkLaunch, programs_per_tile: int, V: int, num_com
     """Value columns of the state pass without checkpoints (16-bit scratch; issue 4): of
     ``launch.state_bv_costs``, the tile whose ``waves x step time`` is least, where ``waves =
     ceil(programs_per_tile x ceil(V / columns) / num_compute_units)`` (waves of one program per SM) and
-    the step times are relative, fitted on the H200 (``2026-11-30-h200-prefill_state_tiles.json``: 16 / 32 /
-    64 columns per chunk step ~ 1 : 1.55 : 2.3; the fit absorbs that two 16-column programs, 110 KB of
-    shared memory each, share an SM, which slows each). Ties keep the narrower tile (listed first).
-    ``programs_per_tile``: sequences x value heads. Without costs or compute units: ``launch.state_bv``.
+    the step times are relative, measured on the H200 with the 4-stage pass (``state_stages_lowp``,
+    ``2026-11-30-h200-prefill_sixth_sweep2.json``: B=1 T=64K and B=8 T=16K give the same per-wave chunk
+    step, 16 / 32 / 64 columns ~ 1 : 1.27 : 2.08; at 4 stages one program fills an SM's shared memory).
+    Ties keep the narrower tile (listed first). ``programs_per_tile``: sequences x value heads. Without
+    costs or compute units: ``launch.state_bv``.
 
-    Kimi K3 TP8 (12 heads x 128): B=1 -> 16 columns (96 programs, one wave), B=4 -> 64 (H200 state
-    pass 731 -> 402 us), B=8 -> 64 (1,117 -> 893; 32 columns: 879)."""
+    Kimi K3 TP8 (12 heads x 128): B=1 -> 16 columns (96 programs, one wave; H200 state pass 788 us, 32
+    columns 995), B=2 -> 32, B=4 -> 64, B=8 -> 32 (764 us; 16 columns 1,181, 64 columns 824)."""
     if not launch.state_bv_costs or num_compute_units <= 0:
         return launch.state_bv
     best = None
@@ -424,7 +436,8 @@ def gated_delta_chunk_parallel(
         # 16-bit scratch only: with FP32 scratch the wider tiles exceed sm_90's shared memory (CPU: no CUs)
         state_tile = pick_state_tile(launch, S * HV, V, device_platform(dev).num_compute_units or 0)
     p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps,
-                      interpret=dev.type == "cpu", state_tile=state_tile)
+                      interpret=dev.type == "cpu", state_tile=state_tile,
+                      lowp_scratch=sd.itemsize == 2 and not group_chunks)
     gshape = (N, HV) if kind == GATE_GDN else (N, HV, K)
     G = torch.empty(gshape, dtype=torch.float32, device=dev)
     aqk = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)
