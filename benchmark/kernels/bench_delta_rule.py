@@ -948,6 +948,10 @@ CHUNK_STATE_VARIANTS = [
     ("sbv32_sst5", dict(state_bv_costs=(), state_bv=32, state_stages_lowp=5)),
     ("sst6", dict(state_stages_lowp=6)),
     ("sbv16_sst6", dict(state_bv_costs=(), state_stages_lowp=6)),
+    # (2026-11-30, sixth round: Aqk written as BF16 and q e^G / q's norm factor written by the stacked A
+    # programs for the output step, options output_aqk_lowp / output_qg: the output step gained up to
+    # 200 us at B=8 but the A programs lost as much (more registers); removed, see
+    # benchmark/results/2026-11-30-h200-prefill_output_bytes_attempt.json)
 ]
 
 
