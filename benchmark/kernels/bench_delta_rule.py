@@ -952,6 +952,9 @@ CHUNK_STATE_VARIANTS = [
     # programs for the output step, options output_aqk_lowp / output_qg: the output step gained up to
     # 200 us at B=8 but the A programs lost as much (more registers); removed, see
     # benchmark/results/2026-11-30-h200-prefill_output_bytes_attempt.json)
+    # (the stacked A programs' 16x16 diagonal inverses as 3xTF32 products, option intra_diag_x3: A build
+    # 951 -> 954 us at B=1, 1,843 -> 1,883 at B=8 on one warp, slower on two; removed, see
+    # benchmark/results/2026-11-30-h200-prefill_diag_x3_attempt.json)
 ]
 
 
