@@ -287,7 +287,7 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
         assert rel(runs["wide"][0][sl], runs["narrow"][0][sl]) < 1e-2 and rel(runs["wide"][1][i], runs["narrow"][1][i]) < 1e-2
 
 
-def test_sm90_state_pass_stages_follow_the_scratch_and_the_stacked_a_warps_the_gate():
+def test_sm90_state_pass_stages_follow_the_scratch_and_the_stacked_a_programs_run_on_one_warp():
     """sm_90 table (issue 4, sixth round): the plain state pass runs 4 pipelining stages with 16-bit scratch
     and no checkpoints (H200, B=1 T=64K: 951 -> 788 us) and keeps 3 with FP32 scratch (4 stages of FP32
     tiles need 292,352 B of shared memory, over sm_90's 232,448) and with checkpoints; the stacked ``A``
