@@ -1141,6 +1141,103 @@ def bench_chunk_state(results, variants=None, baseline=None):
         torch.cuda.empty_cache()
 
 
+GDN_PREFILL_SHAPES = ((1, 32768), (4, 8192))
+GDN_KEEP = None  # main(): --gdn-variants
+# state-pass tiles / stages for GDN (48 value heads: pick_state_tile takes 64 columns already at B=1, a rule
+# fitted on KDA); sixth round of issue 4
+GDN_PREFILL_VARIANTS = [
+    ("table", {}),
+    ("sbv16", dict(state_bv_costs=())),
+    ("sbv32", dict(state_bv_costs=(), state_bv=32)),
+    ("sst3", dict(state_stages_lowp=3)),
+    # (A / Aqk of a whole chunk per program as k k^T and q k^T, the diagonal inverses left to the inverse
+    # launch: A build 839 -> 657 us on 8 warps, inverse 308 -> 1,069 us at B=1 T=32K; removed, see
+    # benchmark/results/2026-11-30-h200-gdn_prefill_whole_chunk_attempt.json)
+]
+
+
+def bench_gdn_prefill(results, baseline=None):
+    """Chunk-64 GDN prefill (issue 4, op 5), Qwen3.8-Flash-Next per GPU (16 q / k heads, 48 value heads, 128 x
+    128, BF16 activations, raw gate and beta activated in the kernels, TF32 products, BF16 scratch, host
+    lengths) vs fla ``chunk_gated_delta_rule`` (GVA, gate and beta sigmoid in its kernels, host lengths) in
+    the same process: eager ``do_bench`` median, the profiler's per-kernel times, relative difference of
+    outputs and final states to fla. ``baseline``: an older checkout's package, timed as ``baseline``."""
+    import dataclasses
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp_mod
+    from sgl_hybrid_kernel.platform import device_platform
+
+    base_fn = _load_baseline(baseline)[0] if baseline else None
+    key = device_platform(torch.device(DEV)).key
+    base = cp_mod.device_chunk_launch(torch.device(DEV))
+    rows = []
+    results["gdn_prefill"] = rows
+    H, HV, K, V = 16, 48, 128, 128
+    A, dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
+    for B, T in GDN_PREFILL_SHAPES:
+        N = B * T
+        q, k = (torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(N, HV, V, device=DEV, dtype=torch.bfloat16)
+        a, b = (torch.randn(N, HV, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        lens = [T] * B
+        cu = torch.arange(0, N + 1, T, device=DEV, dtype=torch.int32)
+        cu64, cu_cpu = cu.long(), cu.long().cpu()
+        pool0 = torch.randn(B, HV, K, V, device=DEV) * 0.1
+        pool = pool0.clone()
+        idx = torch.arange(B, device=DEV, dtype=torch.int32)
+
+        def fla_call():
+            return chunk_gated_delta_rule(q.view(1, N, H, K), k.view(1, N, H, K), v.view(1, N, HV, V), a.view(1, N, HV),
+                                          b.view(1, N, HV), scale=K ** -0.5, initial_state=pool, output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                                          use_gate_in_kernel=True, A_log=A, dt_bias=dtb, cu_seqlens=cu64,
+                                          cu_seqlens_cpu=cu_cpu)
+
+        fms = triton.testing.do_bench(fla_call, warmup=25, rep=200, return_mode="median")
+        fper, ftot = _kernel_us(fla_call)
+        pool.copy_(pool0)
+        o_fla, s_fla = fla_call()
+        o_fla = o_fla.view(N, HV, V).float()
+        row = dict(op="gdn_chunk_prefill", B=B, T=T, H=H, HV=HV, K=K, V=V, launch_base=str(base), fla_ms=fms,
+                   fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot, fla_kernel_us_per_call=fper, variants={})
+        rows.append(row)
+        print("gdn", B, T, f"fla {fms:.3f} ms, kernels {ftot:.1f} us", flush=True)
+        runs = ([("baseline", None)] if baseline else []) + [x for x in GDN_PREFILL_VARIANTS if GDN_KEEP is None or x[0] in GDN_KEEP]
+        for name, over in runs:
+            fn = base_fn if over is None else gated_delta_chunk_triton
+            if over is not None:
+                cp_mod.CHUNK_LAUNCH[key] = dataclasses.replace(base, **over)
+            call = lambda: fn(q, k, v, a, b, A, dtb, cu, pool, idx, gate="gdn", method="parallel", tf32=True,  # noqa: E731
+                              scratch_dtype=torch.bfloat16, group_scan=False, seq_lens_cpu=lens)
+            try:
+                ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+                per, tot = _kernel_us(call)
+                pool.copy_(pool0)
+                o = call().float()
+            except Exception as exc:
+                print("gdn variant", name, "FAILED", type(exc).__name__, str(exc)[:300], flush=True)
+                if _context_lost(exc):
+                    cp_mod.CHUNK_LAUNCH[key] = base
+                    return
+                continue
+            r = dict(overrides=over if over is not None else f"package at {baseline}", ms=ms, mtok_s=N / (ms * 1e-3) / 1e6,
+                     vs_fla=fms / ms, kernel_sum_us=tot, kernel_sum_vs_fla=ftot / tot, kernel_us_per_call=per,
+                     rel_diff_o_vs_fla=rel(o, o_fla), rel_diff_state_vs_fla=rel(pool, s_fla),
+                     nan=bool(o.isnan().any() or pool.isnan().any()))
+            row["variants"][name] = r
+            if PARTIAL_OUT:
+                with open(PARTIAL_OUT, "w") as fh:
+                    json.dump(results, fh, indent=1)
+            print(f"  gdn {B} {T} {name}: {ms:.3f} ms ({r['vs_fla']:.3f}x fla), kernels {tot:.0f} us "
+                  f"({r['kernel_sum_vs_fla']:.3f}x), state {sum(t for kn, t in per.items() if 'chunk_state' in kn):.0f} us, "
+                  f"rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}", flush=True)
+        cp_mod.CHUNK_LAUNCH[key] = base
+        del q, k, v, a, b
+        torch.cuda.empty_cache()
+
+
 def bench_decode_b1_value_tiles(results, ceiling):
     """KDA decode at B=1 (12 heads x 128, state from a pool larger than L2, graph replay) for
     value tiles 4..64 (12 x 128 / BV programs), against the tuned table's default tile."""
@@ -1391,10 +1488,12 @@ def bench_recurrent_sweep(results, ceiling):
 
 def main():
     global PARTIAL_OUT, CHUNK_STATE_SHAPES, RECURRENT_BASELINE, SWEEP_DEFAULT_ONLY, SWEEP_CASES, HOST_BASELINE, HOST_SHAPES
+    global GDN_KEEP
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
     p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,"
-                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles,bench_chunk_state,bench_recurrent_sweep,deferred_exact")
+                   "bench_prefill,bench_group_scan,bench_decode_b1_value_tiles,bench_chunk_state,bench_gdn_prefill,bench_recurrent_sweep,"
+                   "deferred_exact")
     p.add_argument("--tag", default="", help="label stored in the JSON (e.g. 'baseline' for an older checkout's package)")
     p.add_argument("--chunk-state-variants", default=None, help="comma list of CHUNK_STATE_VARIANTS names (default: all)")
     p.add_argument("--chunk-state-shapes", default=None, help="comma list of BxT (default: CHUNK_STATE_SHAPES)")
@@ -1415,6 +1514,7 @@ def main():
     p.add_argument("--wide-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS, tiles of the "
                    "one-warp per-token kernel (gated_delta_verify_wide_kernel; the 2026-11-30 sweeps also varied its input "
                    "prefetch, since removed: it won every row)")
+    p.add_argument("--gdn-variants", default=None, help="bench_gdn_prefill: comma list of GDN_PREFILL_VARIANTS names")
     args = p.parse_args()
     WIDE_VARIANTS[:] = [tuple(int(n) for n in x.split("x")) for x in args.wide_variants.split(",") if x]
     CHUNK_VARIANTS[:] = [(int(x.split(":")[0].split("x")[0]), int(x.split(":")[0].split("x")[1]), x.split(":")[1])
@@ -1460,6 +1560,12 @@ def main():
             bench_prefill_host(results)
     except Exception as exc:
         print("bench_prefill_host FAILED", type(exc).__name__, str(exc)[:500])
+    try:
+        if only is not None and "bench_gdn_prefill" in only:  # issue 4 op 5 (not in the default run)
+            GDN_KEEP = args.gdn_variants.split(",") if args.gdn_variants else None
+            bench_gdn_prefill(results, args.chunk_state_baseline)
+    except Exception as exc:
+        print("bench_gdn_prefill FAILED", type(exc).__name__, str(exc)[:500])
     try:
         if only is None or "bench_chunk_state" in only:
             keep = args.chunk_state_variants.split(",") if args.chunk_state_variants else None
