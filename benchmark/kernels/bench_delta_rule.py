@@ -498,6 +498,14 @@ GROUP_SCAN_SHAPES = ((1, 4096), (1, 65536))
 GROUP_SCAN_CHUNKS = {4096: (None, 4, 8, 16), 65536: (None, 32, 64, 128)}
 
 
+def _save_partial(results):
+    """Write ``results`` to ``PARTIAL_OUT`` (if set) now, so a run cut short by the device call's limit keeps
+    what it measured."""
+    if PARTIAL_OUT:
+        with open(PARTIAL_OUT, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
 def _kernel_us(fn, calls=3):
     """Per-call device time of each kernel launched by ``fn`` (profiler), and their sum in µs."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -797,9 +805,7 @@ def bench_prefill_host(results):
                         r["rel_diff_o_vs_fla"] = rel(o, o_fla)
                         r["rel_diff_state_vs_fla"] = rel(pool, s_fla)
                     row["variants"][tag] = r
-                    if PARTIAL_OUT:
-                        with open(PARTIAL_OUT, "w") as fh:
-                            json.dump(results, fh, indent=1)
+                    _save_partial(results)
                     print(f"  {B} {T} {tag}: {ms:.3f} ms (repeat {ms2:.3f}), {r.get('vs_fla', float('nan')):.2f}x fla, "
                           f"kernels {tot:.0f} us, host {host:.0f} us/call, syncs {syncs}, rel o vs new plain "
                           f"{r['rel_diff_o_vs_new_plain']:.1e}, vs fla {r.get('rel_diff_o_vs_fla', -1):.1e}", flush=True)
@@ -1129,9 +1135,7 @@ def bench_chunk_state(results, variants=None, baseline=None):
                      nan=bool(o.isnan().any() or pool.isnan().any()))
             r["compiled"] = compiled.get(name)
             row["variants"][name] = r
-            if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
-                with open(PARTIAL_OUT, "w") as fh:
-                    json.dump(results, fh, indent=1)
+            _save_partial(results)
             fp64_txt = f"{fp64_err:.1e}" if isinstance(fp64_err, float) else fp64_err
             print(f"  {B} {T} {name}: {ms:.3f} ms ({r['vs_fla']:.3f}x fla), kernels {tot:.0f} us (state {state_us:.0f}, "
                   f"intra {intra_us:.0f}), rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}, "
@@ -1227,9 +1231,7 @@ def bench_gdn_prefill(results, baseline=None):
                      rel_diff_o_vs_fla=rel(o, o_fla), rel_diff_state_vs_fla=rel(pool, s_fla),
                      nan=bool(o.isnan().any() or pool.isnan().any()))
             row["variants"][name] = r
-            if PARTIAL_OUT:
-                with open(PARTIAL_OUT, "w") as fh:
-                    json.dump(results, fh, indent=1)
+            _save_partial(results)
             print(f"  gdn {B} {T} {name}: {ms:.3f} ms ({r['vs_fla']:.3f}x fla), kernels {tot:.0f} us "
                   f"({r['kernel_sum_vs_fla']:.3f}x), state {sum(t for kn, t in per.items() if 'chunk_state' in kn):.0f} us, "
                   f"rel o/state vs fla {r['rel_diff_o_vs_fla']:.1e}/{r['rel_diff_state_vs_fla']:.1e}", flush=True)
@@ -1371,9 +1373,7 @@ def bench_recurrent_sweep(results, ceiling):
         best = min(((n, v["us"]) for n, v in row["variants"].items() if n != "baseline"), key=lambda x: x[1], default=None)
         row["best"] = best
         rows.append(row)
-        if PARTIAL_OUT:  # a run cut short by the device call's limit keeps what it measured
-            with open(PARTIAL_OUT, "w") as fh:
-                json.dump(results, fh, indent=1)
+        _save_partial(results)
         print(f"== {tag} B={B} T={T}: floor {row['state_rw_floor_us']:.2f} us, fla {row.get('fla_us')}, best {best}", flush=True)
         for n, v in row["variants"].items():
             print(f"   {n:10s} {v['us']:8.2f} us  {100 * v['frac_ceiling']:5.1f}%  diff {v.get('rel_diff_vs_baseline', '-')}", flush=True)
