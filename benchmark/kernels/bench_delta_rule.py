@@ -961,6 +961,10 @@ CHUNK_STATE_VARIANTS = [
     # (the stacked A programs' 16x16 diagonal inverses as 3xTF32 products, option intra_diag_x3: A build
     # 951 -> 954 us at B=1, 1,843 -> 1,883 at B=8 on one warp, slower on two; removed, see
     # benchmark/results/2026-11-30-h200-prefill_diag_x3_attempt.json)
+    # (seventh round: a KDA state pass that forms the output, with q e^G written by the w / u step or the gate
+    # cumsum, options fuse_output_waves / state_bv_fused_max / fused_aqk_lowp: B=8 T=16K 4,973 -> 4,869 us at
+    # best, slower at B=1 and with every other producer; GDN keeps it (fuse_output_gdn, bench_gdn_prefill); the
+    # KDA form removed, see benchmark/results/2026-11-30-h200-prefill_fused_output_r1.json .. _r4.json)
 ]
 
 
@@ -1154,6 +1158,10 @@ GDN_PREFILL_VARIANTS = [
     ("sbv16", dict(state_bv_costs=())),
     ("sbv32", dict(state_bv_costs=(), state_bv=32)),
     ("sst3", dict(state_stages_lowp=3)),
+    # (seventh round) the state pass forms the output (fuse_output_gdn, the table's default now): taken back,
+    # and on 2 pipelining stages
+    ("nofuse", dict(fuse_output_gdn=False)),
+    ("fuse_st2", dict(state_stages_fused=2)),
     # (A / Aqk of a whole chunk per program as k k^T and q k^T, the diagonal inverses left to the inverse
     # launch: A build 839 -> 657 us on 8 warps, inverse 308 -> 1,069 us at B=1 T=32K; removed, see
     # benchmark/results/2026-11-30-h200-gdn_prefill_whole_chunk_attempt.json)

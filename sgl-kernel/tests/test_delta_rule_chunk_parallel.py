@@ -472,3 +472,73 @@ def test_sm90_table_at_the_serving_head_size_matches_fp64():
         if i == 0:
             assert rel(ck[0], saved[0]) < 1e-5
     assert pool[2].isnan().all()
+
+
+def test_gdn_state_pass_with_fused_output_matches_the_separate_output_step(monkeypatch):
+    """``fuse_output_gdn`` (issue 4): for GDN the stacked ``A`` programs also write q's row factor (norm x
+    scale x ``e^G``) and the state pass forms ``o = rq (q h_c) + Aqk v_new`` from the state in its registers,
+    so neither the chunk-start states nor ``v_new`` are written (no ``[NC, HV, K, V]`` buffer is allocated)
+    and the output launch is skipped. BF16 scratch, two ragged sequences with initial states, GVA (2 value
+    heads per q / k head), four state key blocks (K = 32, key block 8) and the sm_90 table (one key block):
+    final states bit-identical to the separate output step (the state chain is the same), outputs within
+    1e-3 relative of it (the same BF16 roundings in another summation order; dropping the ``Aqk v_new``
+    term gives ~1) and within the BF16 bound (1.5e-2) of the FP64 recurrence; the NaN-prefilled output
+    buffer is filled. KDA, checkpoints or an FP32 scratch with ``fuse_output=True`` raise ``ValueError``;
+    :func:`use_fused_output` follows the table's ``fuse_output_gdn`` for GDN only."""
+    import dataclasses
+
+    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+
+    gen = torch.Generator().manual_seed(31)
+    lens, H, HV, K, V = [150, 41], 1, 2, 32, 32
+    N = sum(lens)
+    q, k, v, f, b, A, dtb = _batch(gen, 1, N, H, HV, K, V, "gdn")
+    init = torch.randn(2, HV, K, V, generator=gen) * 0.1
+    cu = torch.tensor([0, lens[0], N])
+    real_empty = torch.empty
+    made = []
+
+    def spy(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        made.append(tuple(t.shape))
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy)
+    small = cp.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
+                           intra_a_kd=16, intra_a_stacked=True, intra_solve_lowp=True, state_lowp=True, output_lowp=True)
+    qe, ke = torch.repeat_interleave(l2_norm(q), HV // H, 1), torch.repeat_interleave(l2_norm(k), HV // H, 1)
+    rel = lambda a, r: float((a.double() - r.double()).norm() / r.double().norm())  # noqa: E731
+
+    def run(launch, fuse, kind=GATE_GDN, lb=None, ckpts=(), sd=torch.bfloat16, gate=f):
+        pool = init.clone()
+        out = torch.full((N, HV, V), NAN)
+        o = cp.gated_delta_chunk_parallel(q, k, v, gate, b, A, dtb if kind == GATE_GDN else torch.randn(HV * K, generator=gen),
+                                          cu, pool, torch.arange(2), torch.ones(2, dtype=torch.int32), kind, lb, K ** -0.5,
+                                          True, "kv", list(ckpts), torch.zeros(1, HV, K, V) if ckpts else None, lens,
+                                          scratch_dtype=sd, launch=launch, out=out, fuse_output=fuse)
+        assert o is out and not o.isnan().any()
+        return o, pool
+
+    for launch in (small, cp.INTERPRETER_LAUNCH):
+        res = {}
+        for fuse in (False, True):
+            made.clear()
+            res[fuse] = run(launch, fuse)
+            assert ((3 + 1, HV, K, V) in made) != fuse  # chunk-start states: 3 + 1 chunks
+        assert torch.equal(res[False][1], res[True][1])
+        assert rel(res[True][0], res[False][0]) < 1e-3
+        for i, n0 in enumerate((0, lens[0])):
+            sl = slice(n0, n0 + lens[i])
+            ro = gated_delta_recurrent(qe[sl], ke[sl], v[sl], gdn_gate(f[sl], A, dtb), torch.sigmoid(b[sl]),
+                                       initial_state=init[i], scale=K ** -0.5, acc_dtype=torch.float64)[0]
+            assert rel(res[True][0][sl], ro) < 1.5e-2
+    fkda = torch.randn(N, HV, K, generator=gen)
+    for kw in (dict(kind=GATE_KDA_SAFE, lb=-5.0, gate=fkda), dict(ckpts=[(0, 64, 0)]), dict(sd=torch.float32)):
+        with pytest.raises(ValueError, match="fuse_output"):
+            run(small, True, **kw)
+    table = cp.CHUNK_LAUNCH[("sm90", 132)]
+    off = dataclasses.replace(table, fuse_output_gdn=False)
+    assert [cp.use_fused_output(t, kind, True, False) for t in (table, off) for kind in (GATE_GDN, GATE_KDA_SAFE)] == \
+        [table.fuse_output_gdn, False, False, False]
+    assert not cp.use_fused_output(table, GATE_GDN, True, True) and not cp.use_fused_output(table, GATE_GDN, False, False)

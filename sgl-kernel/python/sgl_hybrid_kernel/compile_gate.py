@@ -230,7 +230,7 @@ def chunk_parallel_configs() -> List[KernelConfig]:
     products on sm_90 (the CUDA ``method="auto"`` choice) and FP32 products on CDNA (ROCm always
     runs this form, without TF32); state passing with and without checkpoints. Kimi K3 TP8 (KDA safe and
     standard gate, 12 heads x 128) and Qwen3.8 GDN (16 k-heads, 48 v-heads x 128)."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params, use_fused_output
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr", "kg_ptr", "vn_ptr", "h_ptr")}
@@ -258,6 +258,16 @@ def chunk_parallel_configs() -> List[KernelConfig]:
                         _add_launch_rows(out, seen, target, {"state": wide["state"]}, {**bf16, **idx},
                                          lambda part, bv=bv: f"{model}_chunk64_state_bv{bv}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}",
                                          budgets=state_budget)
+                    # the state pass that forms the output (GDN; chunk_parallel.use_fused_output) at each of those
+                    # tiles, and the A programs that write q's row factor and Aqk (BF16) for it
+                    if use_fused_output(launch, kind, True, ckpt):
+                        for bv in [b for b, _ in launch.state_bv_costs] or [None]:
+                            fused = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, state_tile=bv,
+                                                  lowp_scratch=True, fuse_output=True)
+                            _add_launch_rows(out, seen, target, {p: fused[p] for p in ("intra_a", "state")},
+                                             {**bf16, **idx, "aqk_ptr": "*bf16"}, lambda part, bv=bv: (
+                                                 f"{model}_chunk64_{part}_fused{f'_bv{bv}' if bv and part == 'state' else ''}"
+                                                 f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"), budgets=state_budget)
     return out
 
 

@@ -210,7 +210,7 @@ def run_group_scan_state_pass(
     cst = (c0_, c1_, c2_, c3_) if (state_layout == "kv" or ckpt_idx is None) else (c0_, c1_, c3_, c2_)
     kern[grid + (NG * HV,)](
         k, G, kg, w, u, vn, h, gp.gcu_t, gp.gcoff_t, start, gp.slots, gp.one, cp,
-        ckpt_idx if ckpt_idx is not None else gp.slots, n_sub, *start.stride(), *cst, **cx, num_warps=nw)
+        ckpt_idx if ckpt_idx is not None else gp.slots, n_sub, *start.stride(), *cst, k, G, G, vn, **cx, num_warps=nw)
     # The last group's end state (left in ``start`` by the replay) is the final state.
     fkern, fcx, fnw, fgrid = p["final"]
     fkern[fgrid + (S * HV,)](start, gp.last_t, state, state_indices, *st, **fcx, num_warps=fnw)

@@ -94,6 +94,12 @@ class ChunkLaunch:
     ``state_lowp``: the state pass's products take the state / ``v_new`` rounded to the scratch dtype
     (BF16 scratch: BF16 tensor-core products with FP32 accumulation, as fla's state pass; FP32
     scratch: unchanged);
+    ``fuse_output_gdn`` (GDN with the stacked ``A`` programs; 16-bit scratch, no checkpoints, no group scan):
+    the state pass also forms the output (``chunk_state_kernel`` with ``FUSE_O``; q's row factor and ``Aqk``,
+    in the scratch dtype, written by the ``A`` programs), so neither the chunk-start states nor ``v_new``
+    go through memory and the output launch is skipped; ``state_kd_fused`` / ``state_stages_fused``: that pass's key block and pipelining
+    stages (0: ``state_kd`` / ``state_stages_lowp``). KDA keeps the separate output step (its ``q e^G``
+    would have to be written by another launch first, which cost more than the fusion saved on the H200);
     ``value_tile``: value columns per output program; ``output_lowp``: the output step's two
     products take ``q e^G`` and ``Aqk`` rounded to the BF16 scratch (BF16 tensor-core products with
     FP32 accumulation, as fla's output step; FP32 scratch: unchanged); ``output_kd`` /
@@ -140,6 +146,9 @@ class ChunkLaunch:
     state_stages_lowp: int = 0
     state_early: bool = True
     state_lowp: bool = False
+    fuse_output_gdn: bool = False
+    state_kd_fused: int = 0
+    state_stages_fused: int = 0
     value_tile: int = 32
     output_warps: int = 8
     output_lowp: bool = False
@@ -160,6 +169,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
                                group_kd=64, group_warps=8,
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_stages_lowp=4, state_lowp=True,
                                state_bv_costs=((16, 1.0), (32, 1.27), (64, 2.08)),
+                               fuse_output_gdn=True, state_kd_fused=64, state_stages_fused=3,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py, B=1 T=64K and "
@@ -200,7 +210,8 @@ def device_chunk_launch(device: torch.device) -> ChunkLaunch:
 def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: int, lower_bound: float,
                   l2norm: bool, tf32: bool, ckpt: bool, value_tile: Optional[int] = None,
                   num_warps: Optional[int] = None, interpret: bool = False,
-                  state_tile: Optional[int] = None, lowp_scratch: bool = False) -> Dict[str, tuple]:
+                  state_tile: Optional[int] = None, lowp_scratch: bool = False,
+                  fuse_output: bool = False) -> Dict[str, tuple]:
     """``{"cumsum" | "intra" (or "intra_a" [+ "intra_inv"] + "intra_solve") | "state" | "output":
     (kernel, constexprs, num_warps, grid_tail[, num_stages])}``: what
     :func:`gated_delta_chunk_parallel` launches; ``compile_gate`` compiles the same dicts.
@@ -211,7 +222,13 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong).
     ``state_tile``: value columns of the state pass (:func:`pick_state_tile`; ``value_tile`` wins).
     ``lowp_scratch``: the scratch is 16-bit and the plain (not group-scan) state pass runs, so without
-    checkpoints it takes ``launch.state_stages_lowp`` stages."""
+    checkpoints it takes ``launch.state_stages_lowp`` stages. ``fuse_output`` (:func:`use_fused_output`'s
+    contract): the stacked ``A`` programs also write q's row factor and the state pass forms the output
+    (``FUSE_O``); there is no ``"output"`` part. Raises ``ValueError`` for ``fuse_output`` outside that
+    contract."""
+    if fuse_output and not use_fused_output(launch, kind, lowp_scratch, ckpt, force=True):
+        raise ValueError("fuse_output: needs GDN with the stacked A programs (launch.intra_split, intra_a_stacked), "
+                         "a 16-bit scratch without the group scan, and no checkpoints")
     BK = triton.next_power_of_2(K)
     BVP = triton.next_power_of_2(V)
     sbv = min(value_tile or state_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
@@ -232,7 +249,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
             a_part = (chunk_intra_arow_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                     KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv,
                                                     FAST_EXP=launch.fast_exp and not interpret,
-                                                    ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct))
+                                                    ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct,
+                                                    # without RQ the pointer is a None constexpr: the binary is unchanged
+                                                    RQ=fuse_output, **({} if fuse_output else {"rq_ptr": None})))
         else:
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
@@ -255,20 +274,34 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                     KB=min(launch.intra_kb, BK), KD=kd,
                                                     APREC=aprec),
                            launch.intra_warps, ())}
-    return {
+    stages = launch.state_stages_lowp if lowp_scratch and not ckpt and launch.state_stages_lowp else launch.state_stages
+    if fuse_output:
+        stages = launch.state_stages_fused or stages
+        skd = launch.state_kd_fused or skd
+    parts = {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         **intra,
         "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(skd, BK), BK // 4), CKPT=ckpt,
-                                           STAGES=(launch.state_stages_lowp if lowp_scratch and not ckpt
-                                                   and launch.state_stages_lowp else launch.state_stages),
-                                           EARLY=launch.state_early,
-                                           LOWP=(2 if interpret else 1) if launch.state_lowp and not ckpt else 0),
+                                           STAGES=stages, EARLY=launch.state_early,
+                                           LOWP=(2 if interpret else 1) if (launch.state_lowp or fuse_output) and not ckpt else 0,
+                                           FUSE_O=fuse_output),
                   num_warps or swarps, (triton.cdiv(V, sbv),)),
         "output": (chunk_output_kernel, dict(**common, BV=obv, LOWP=(2 if interpret else 1) if launch.output_lowp else 0,
                                              KD=min(launch.output_kd, BK)),
                    num_warps or launch.output_warps, (triton.cdiv(V, obv),), launch.output_stages),
     }
+    if fuse_output:
+        del parts["output"]
+    return parts
+
+
+def use_fused_output(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool, force: bool = False) -> bool:
+    """Whether the state pass forms the output (issue 4): GDN with the stacked ``A`` programs (they write q's
+    row factor), a 16-bit scratch without the group scan (``lowp_scratch``), no checkpoints, and
+    ``launch.fuse_output_gdn`` (``force``: whether it may, whatever the table says)."""
+    return ((force or launch.fuse_output_gdn) and kind == GATE_GDN and launch.intra_split and launch.intra_a_stacked
+            and lowp_scratch and not ckpt)
 
 
 def pick_state_tile(launch: ChunkLaunch, programs_per_tile: int, V: int, num_compute_units: int) -> int:
@@ -397,19 +430,22 @@ def gated_delta_chunk_parallel(
     out: Optional[torch.Tensor] = None,
     launch: Optional[ChunkLaunch] = None,
     group_chunks: Optional[int] = None,
+    fuse_output: Optional[bool] = None,
 ) -> torch.Tensor:
     """Run the four kernels; arguments already validated by ``gated_delta_chunk_triton``.
 
     ``scratch_dtype`` holds ``w``, ``kg``, ``u``, ``v_new`` and the chunk-start states ``h``
-    (default: FP32; BF16 halves their traffic). ``G`` and ``Aqk`` are always FP32,
-    and so are ``A`` and its inverse (never leave registers). ``launch`` defaults to the
-    device's :func:`device_chunk_launch` (parameters by arch and CU count); ``value_tile`` /
+    (default: FP32; BF16 halves their traffic). ``G`` is always FP32, and so are ``Aqk`` (in the
+    scratch dtype for the fused output), ``A`` and its inverse (never leave registers). ``launch``
+    defaults to the device's :func:`device_chunk_launch` (parameters by arch and CU count); ``value_tile`` /
     ``num_warps`` override its value tiles / state-passing and output warps.
     ``group_chunks``: run the state pass in group-scan mode with groups of that many
     chunks (``chunk_group_scan.py``); ``None``: the plain sequential state pass.
     ``lens``: the :class:`SeqPlan` of ``cu_seqlens`` (no host work per call), or tokens per
     sequence (offsets from 0; the plan is then looked up in the cache).
     No host sync: index tables come from the plan, checkpoint tables are copied without one.
+    ``fuse_output``: the state pass forms the output (:func:`use_fused_output`; ``None``: as the launch table
+    says; ``True`` outside its contract raises ``ValueError``).
     """
     launch = launch or device_chunk_launch(q.device)
     N, H, K = q.shape
@@ -435,17 +471,25 @@ def gated_delta_chunk_parallel(
     if launch.state_bv_costs and ckpt_idx is None and not group_chunks and sd.itemsize == 2:
         # 16-bit scratch only: with FP32 scratch the wider tiles exceed sm_90's shared memory (CPU: no CUs)
         state_tile = pick_state_tile(launch, S * HV, V, device_platform(dev).num_compute_units or 0)
+    lowp = sd.itemsize == 2 and not group_chunks
+    if fuse_output is None:
+        fuse_output = use_fused_output(launch, kind, lowp, ckpt_idx is not None)
     p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps,
-                      interpret=dev.type == "cpu", state_tile=state_tile,
-                      lowp_scratch=sd.itemsize == 2 and not group_chunks)
+                      interpret=dev.type == "cpu", state_tile=state_tile, lowp_scratch=lowp, fuse_output=fuse_output)
     gshape = (N, HV) if kind == GATE_GDN else (N, HV, K)
     G = torch.empty(gshape, dtype=torch.float32, device=dev)
-    aqk = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)
+    # Aqk in the scratch dtype for the fused output (its product rounds it to that anyway; half the shared memory)
+    aqk = torch.empty(N, HV, BT, dtype=sd if fuse_output else torch.float32, device=dev)
     w = torch.empty(N, HV, K, dtype=sd, device=dev)
     kg = torch.empty(N, HV, K, dtype=sd, device=dev)
     u = torch.empty(N, HV, V, dtype=sd, device=dev)
-    vn = torch.empty(N, HV, V, dtype=sd, device=dev)
-    h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
+    if fuse_output:
+        rq = torch.empty(N, HV, dtype=torch.float32, device=dev)  # q's row factor
+        vn = h = u  # not written
+    else:
+        rq = None
+        vn = torch.empty(N, HV, V, dtype=sd, device=dev)
+        h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
     kern, cx, nw, grid = p["cumsum"]
     kern[(NC, HV) + grid](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, **cx, num_warps=nw)
     if "intra" in p:
@@ -454,7 +498,8 @@ def gated_delta_chunk_parallel(
     else:
         a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
         kern, cx, nw, grid, ns = p["intra_a"]
-        kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)
+        kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns,
+                              **({"rq_ptr": rq} if fuse_output else {}))
         m_rows = a_rows  # the inverse's rows: over A (FP32), or the 16-bit scratch that w / u round M to anyway
         if "intra_inv" in p:
             if launch.intra_inv_lowp and launch.intra_solve_lowp and sd.itemsize == 2:
@@ -479,7 +524,9 @@ def gated_delta_chunk_parallel(
         kern, cx, nw, grid = p["state"]
         kern[grid + (S * HV,)](
             k, G, kg, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
-            ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp), **cx, num_warps=nw)
-    kern, cx, nw, grid, ns = p["output"]
-    kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)
+            ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp),
+            q, rq if fuse_output else G, aqk, o, **cx, num_warps=nw)
+    if "output" in p:
+        kern, cx, nw, grid, ns = p["output"]
+        kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)
     return o

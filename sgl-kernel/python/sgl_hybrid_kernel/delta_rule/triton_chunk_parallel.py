@@ -809,6 +809,8 @@ def chunk_intra_arow_kernel(
     FAST_EXP: tl.constexpr = False,  # CUDA: _exp without the denormal fix-up
     ROWSPEC: tl.constexpr = False,  # one code path per row block (ChunkLaunch.intra_a_rowspec)
     DIRECT: tl.constexpr = False,  # column factors e^{G_r - G_s} per pair (ChunkLaunch.intra_a_direct)
+    rq_ptr=None,  # out [N, HV] FP32 q's row factor (RQ; None otherwise: no argument compiled)
+    RQ: tl.constexpr = False,  # GDN: store q's row factor for the state pass that forms the output (FUSE_O)
 ):
     """Split in-chunk step, part 1, stacked form (``intra_a_stacked``, issue 4): grid (chunks, HV, BT / BC);
     program ``i`` builds rows ``i*BC ..`` of ``A`` and ``Aqk`` as :func:`chunk_intra_a_kernel` does, with
@@ -817,10 +819,16 @@ def chunk_intra_arow_kernel(
     column block ``j <= i``; each column block carries ``e^{E_j - G_s}`` (``E_j``: ``G`` at its last
     row) and each pair only a ``[KD]`` vector ``e^{G_r - E_j}``. Bounded KDA gate (``15 |lower_bound|
     <= 80``) or GDN; the unbounded gate keeps :func:`chunk_intra_a_kernel`. Every product with ``APREC``
-    (FP32 inputs and accumulation for ``A``; ``Aqk`` in the same product)."""
+    (FP32 inputs and accumulation for ``A``; ``Aqk`` in the same product). ``RQ`` (GDN): also each row's
+    ``rsqrt(|q|^2 + 1e-6) x scale x e^G``, the factor the fused output (:func:`chunk_state_kernel` with
+    ``FUSE_O``) applies to its ``q h_c`` rows."""
+    tl.static_assert(not RQ or GATE == 2, "q's row factor is written for the fused GDN output")
     i_hv = tl.program_id(1)
     i = tl.program_id(2)
     i_h = i_hv // (HV // H)
+    if RQ:
+        t0r, _Tr = _chunk_start(cu_ptr, cidx_ptr, tl.program_id(0), BT)
+        rq_ptr = rq_ptr + t0r * HV
     T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
                                                                   cidx_ptr, H, HV, K, BT, GATE)
     if ROWSPEC:
@@ -828,26 +836,26 @@ def chunk_intra_arow_kernel(
         # re-staged across the (now absent) branches
         if i == 0:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 0, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
         elif i == 1:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 1, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
         elif i == 2:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 2, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
         else:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 3, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
     else:
         _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC, GATE,
-                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT)
+                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
 
 
 @triton.jit
 def _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H: tl.constexpr, HV: tl.constexpr,
                 K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr,
                 L2NORM: tl.constexpr, KD: tl.constexpr, APREC: tl.constexpr, DIAG_INV: tl.constexpr,
-                FAST_EXP: tl.constexpr, DIRECT: tl.constexpr):
+                FAST_EXP: tl.constexpr, DIRECT: tl.constexpr, rq_ptr, RQ: tl.constexpr):
     """Body of :func:`chunk_intra_arow_kernel` for row block ``i`` (a program id, or a literal, which
     makes every ``i >= j`` test below static)."""
     z = tl.zeros([2 * BC, BC], dtype=tl.float32)
@@ -891,6 +899,8 @@ def _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale,
     else:
         rk = beta
         rq = sq * 0.0 + scale
+    if RQ:
+        tl.store(rq_ptr + o_t * HV + i_hv, rq * tl.exp(tl.load(g_ptr + o_t * HV + i_hv, mask=m_i, other=0.0)), mask=m_i)
     _ab_store(X0, i, 0, rk, rq, c0, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
     _ab_store(X1, i, 1, rk, rq, c1, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
     _ab_store(X2, i, 2, rk, rq, c2, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
@@ -1048,6 +1058,10 @@ def chunk_state_kernel(
     c_h,
     c_k,
     c_v,
+    q_ptr,  # [N, H, K] (read only with FUSE_O)
+    rq_ptr,  # [N, HV] FP32 q's row factor (chunk_intra_arow_kernel with RQ; read only with FUSE_O)
+    aqk_ptr,  # [N, HV, BT] (read only with FUSE_O)
+    o_ptr,  # out [N, HV, V] (only with FUSE_O)
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -1064,8 +1078,15 @@ def chunk_state_kernel(
     STAGES: tl.constexpr = 1,  # software-pipelining stages of the chunk loop (next chunks' w / kg / u in flight)
     EARLY: tl.constexpr = True,  # issue the step's loads before its stores
     LOWP: tl.constexpr = 0,  # state products with the state / v_new rounded to the scratch dtype (_rdot)
+    FUSE_O: tl.constexpr = False,  # GDN: also form the output; no h / v_new stored
 ):
+    """Step [3]: the chunk-start states ``h_c`` and ``v_new = u - w h_c`` per (sequence, value head,
+    value tile), walking the chunks in order. ``FUSE_O`` (GDN, no checkpoints; issue 4): also step [4],
+    ``o = rq (q h_c) + Aqk v_new`` with q's row factor ``rq`` (norm x scale x ``e^G``, written by the
+    stacked ``A`` programs), from the state in registers, with ``h_c`` and ``v_new`` rounded to the
+    scratch dtype as the output step would read them back; neither goes through memory."""
     tl.static_assert(BK <= 4 * KD, "the state is held as at most four key blocks")
+    tl.static_assert(not FUSE_O or (GATE == 2 and not CKPT), "the fused output: GDN, no checkpoints")
     i_v = tl.program_id(0)
     i_sh = tl.program_id(1)
     i_s = i_sh // HV
@@ -1108,6 +1129,18 @@ def chunk_state_kernel(
         uc_ptr = u_ptr + t0 * (HV * V)
         vnc_ptr = vn_ptr + t0 * (HV * V)
         p_h = h_ptr + ((coff + c) * HV + i_hv) * K * V
+        if FUSE_O:
+            qc_ptr = q_ptr + t0 * (H * K)
+            oc_ptr = o_ptr + t0 * (HV * V)
+            aq = tl.load(aqk_ptr + t0 * (HV * BT) + (tok[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
+            rq = tl.load(rq_ptr + t0 * HV + tok * HV + i_hv, mask=m_t, other=0.0)
+            q0 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, 0, KD)
+            if BK > KD:
+                q1 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, KD, KD)
+            if BK > 2 * KD:
+                q2 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, 2 * KD, KD)
+            if BK > 3 * KD:
+                q3 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, 3 * KD, KD)
         last = tl.minimum(BT - 1, Tc - 1)
         # EARLY: every load of the step before its first store (stores may alias loads, so a
         # load after one waits for it): one memory round trip per chunk, not one per block.
@@ -1133,26 +1166,42 @@ def chunk_state_kernel(
             if BK > 3 * KD:
                 kg3 = _tile_raw(kgc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
                 d3 = _decay_last(gc_ptr, last, i_hv, 3 * KD, HV, K, KD, GATE)
-        _state_store(p_h, S0, 0, KD, K, V, o_v, 1, m_v)
+        if not FUSE_O:
+            _state_store(p_h, S0, 0, KD, K, V, o_v, 1, m_v)
         if not EARLY:
             w0 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 0, KD)
         vn = u.to(tl.float32) - _rdot(w0, S0, w0.dtype, TF32, LOWP)
         if BK > KD:
-            _state_store(p_h, S1, KD, KD, K, V, o_v, 1, m_v)
+            if not FUSE_O:
+                _state_store(p_h, S1, KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w1 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, KD, KD)
             vn -= _rdot(w1, S1, w1.dtype, TF32, LOWP)
         if BK > 2 * KD:
-            _state_store(p_h, S2, 2 * KD, KD, K, V, o_v, 1, m_v)
+            if not FUSE_O:
+                _state_store(p_h, S2, 2 * KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w2 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 2 * KD, KD)
             vn -= _rdot(w2, S2, w2.dtype, TF32, LOWP)
         if BK > 3 * KD:
-            _state_store(p_h, S3, 3 * KD, KD, K, V, o_v, 1, m_v)
+            if not FUSE_O:
+                _state_store(p_h, S3, 3 * KD, KD, K, V, o_v, 1, m_v)
             if not EARLY:
                 w3 = _tile_raw(wc_ptr, tok, m_t, i_hv, HV, K, 3 * KD, KD)
             vn -= _rdot(w3, S3, w3.dtype, TF32, LOWP)
-        tl.store(vnc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        if FUSE_O:  # o = rq (q h_c) + Aqk v_new, h_c / v_new rounded to the scratch dtype as stored for step [4]
+            dt = vn_ptr.dtype.element_ty
+            o = _rdot(q0, S0, dt, TF32, LOWP)
+            if BK > KD:
+                o += _rdot(q1, S1, dt, TF32, LOWP)
+            if BK > 2 * KD:
+                o += _rdot(q2, S2, dt, TF32, LOWP)
+            if BK > 3 * KD:
+                o += _rdot(q3, S3, dt, TF32, LOWP)
+            o = o * rq[:, None] + _rdot(aq, vn, dt, TF32, LOWP)
+            tl.store(oc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], o.to(o_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        else:
+            tl.store(vnc_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], vn.to(vn_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         if CKPT:
             rn = _rnorm(kc_ptr, tok, m_t, i_h, H, K, BK, KD, L2NORM)
             for j in range(0, BT // BC):  # a loop, not unrolled: one checkpoint's tiles live at a time
