@@ -222,11 +222,11 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     then multiplies the rounded operands in FP32, since the interpreter's BF16 dot is wrong).
     ``state_tile``: value columns of the state pass (:func:`pick_state_tile`; ``value_tile`` wins).
     ``lowp_scratch``: the scratch is 16-bit and the plain (not group-scan) state pass runs, so without
-    checkpoints it takes ``launch.state_stages_lowp`` stages. ``fuse_output`` (:func:`use_fused_output`'s
+    checkpoints it takes ``launch.state_stages_lowp`` stages. ``fuse_output`` (:func:`fused_output_allowed`'s
     contract): the stacked ``A`` programs also write q's row factor and the state pass forms the output
     (``FUSE_O``); there is no ``"output"`` part. Raises ``ValueError`` for ``fuse_output`` outside that
     contract."""
-    if fuse_output and not use_fused_output(launch, kind, lowp_scratch, ckpt, force=True):
+    if fuse_output and not fused_output_allowed(launch, kind, lowp_scratch, ckpt):
         raise ValueError("fuse_output: needs GDN with the stacked A programs (launch.intra_split, intra_a_stacked), "
                          "a 16-bit scratch without the group scan, and no checkpoints")
     BK = triton.next_power_of_2(K)
@@ -296,12 +296,16 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     return parts
 
 
-def use_fused_output(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool, force: bool = False) -> bool:
-    """Whether the state pass forms the output (issue 4): GDN with the stacked ``A`` programs (they write q's
-    row factor), a 16-bit scratch without the group scan (``lowp_scratch``), no checkpoints, and
-    ``launch.fuse_output_gdn`` (``force``: whether it may, whatever the table says)."""
-    return ((force or launch.fuse_output_gdn) and kind == GATE_GDN and launch.intra_split and launch.intra_a_stacked
-            and lowp_scratch and not ckpt)
+def fused_output_allowed(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool) -> bool:
+    """The fused output's contract (issue 4): GDN with the stacked ``A`` programs (they write q's row
+    factor), a 16-bit scratch without the group scan (``lowp_scratch``), no checkpoints."""
+    return kind == GATE_GDN and launch.intra_split and launch.intra_a_stacked and lowp_scratch and not ckpt
+
+
+def use_fused_output(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool) -> bool:
+    """Whether the state pass forms the output by default: :func:`fused_output_allowed` and the table's
+    ``launch.fuse_output_gdn``."""
+    return launch.fuse_output_gdn and fused_output_allowed(launch, kind, lowp_scratch, ckpt)
 
 
 def pick_state_tile(launch: ChunkLaunch, programs_per_tile: int, V: int, num_compute_units: int) -> int:
