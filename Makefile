@@ -24,6 +24,9 @@ INSTALL_INPUTS := Makefile scripts/install.sh python/pyproject.toml sgl-kernel/p
 
 TINY_MODEL ?= models/kimi-k3-tiny
 PYTEST_ARGS ?=
+# test files run in this many pytest-xdist worker processes, each file whole in one worker (its
+# classes' servers and its test order unchanged); 0 runs everything in the pytest process
+TEST_WORKERS ?= 2
 TESTS ?= sgl-kernel/tests test
 
 export SGLANG_USE_CPU_ENGINE := $(if $(filter cpu,$(DEVICE)),1,0)
@@ -46,7 +49,7 @@ tiny-model: install
 	@test -f $(TINY_MODEL)/config.json || $(PY) -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3 --out $(TINY_MODEL)
 
 test: install
-	@set +e; $(PY) -m pytest $(TESTS) $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests from '$(TESTS)': treating as a failure"; exit 1; fi; \
 	exit $$rc
 

@@ -26,6 +26,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_taken(message: str) -> bool:
+    """Whether a failed launch's log tail says that a port was taken (uvicorn's bind error, or
+    sglang's own port check)."""
+    m = message.lower()
+    return "address already in use" in m or "errno 98" in m or "port is already in use" in m or " is in use" in m
+
+
 def cpu_server_args(
     max_total_tokens: int = 65536, max_mamba_cache_size: int = 256, dtype: str = "float32"
 ) -> List[str]:
@@ -75,6 +82,7 @@ class LaunchedServer:
         self.server_args = list(server_args)
         self.env = dict(env or {})
         self.timeout = timeout
+        self._port_given = port is not None
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")[1]
@@ -90,6 +98,20 @@ class LaunchedServer:
         ]
 
     def start(self) -> "LaunchedServer":
+        """Launch and wait for ``/health``. A port picked by :func:`free_port` can be taken by another
+        process before the server binds it (e.g. a second test worker); the launch is then retried on
+        a new port, up to three times."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except RuntimeError as e:
+                if self._port_given or attempt == 2 or not _port_taken(str(e)):
+                    raise
+                self.port = free_port()
+                self.base_url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "LaunchedServer":
         env = os.environ.copy()
         env.pop("TRITON_INTERPRET", None)  # the kernel tests' interpreter switch must not reach a server
         if "--device" in self.server_args and self.server_args[self.server_args.index("--device") + 1] == "cpu":

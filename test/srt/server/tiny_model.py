@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from filelock import FileLock
+
 from sglang_hybrid.tools.make_tiny_model import build
 
 _CACHE_DIR = os.environ.get("SGLANG_HYBRID_TEST_MODEL_DIR") or os.path.join(
@@ -12,19 +14,29 @@ _CACHE_DIR = os.environ.get("SGLANG_HYBRID_TEST_MODEL_DIR") or os.path.join(
 )
 
 
+def build_lock(out: str) -> FileLock:
+    """An inter-process lock for building checkpoint ``out`` in the shared cache directory: ``make
+    test`` runs test files in two pytest-xdist workers, which may ask for the same model at once.
+    Take it around the "built yet?" check and the build."""
+    os.makedirs(_CACHE_DIR, exist_ok=True)
+    return FileLock(out.rstrip(os.sep) + ".lock")
+
+
 def tiny_kimi_k3(seed: int = 0) -> str:
     """Path of a tiny Kimi K3 checkpoint (built on first use; same seed -> same files)."""
     out = os.path.join(_CACHE_DIR, f"kimi-k3-tiny-seed{seed}")
-    if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
-        build("kimi-k3", out, seed=seed)
+    with build_lock(out):
+        if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+            build("kimi-k3", out, seed=seed)
     return out
 
 
 def tiny_qwen38(seed: int = 0) -> str:
     """Path of a tiny Qwen3.8-Flash-Next checkpoint (built on first use; same seed -> same files)."""
     out = os.path.join(_CACHE_DIR, f"qwen3.8-flash-next-tiny-seed{seed}")
-    if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
-        build("qwen3.8-flash-next", out, seed=seed)
+    with build_lock(out):
+        if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+            build("qwen3.8-flash-next", out, seed=seed)
     return out
 
 
@@ -33,8 +45,9 @@ def tiny_kimi_k3_padded(vocab_size: int = 32000, seed: int = 0) -> str:
     and LM-head rows; the 965-token tokenizer unchanged), for upstream kits that send token ids
     up to 31,999 (built on first use; same arguments -> same files)."""
     out = os.path.join(_CACHE_DIR, f"kimi-k3-tiny-vocab{vocab_size}-seed{seed}")
-    if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
-        build("kimi-k3", out, seed=seed, vocab_size=vocab_size)
+    with build_lock(out):
+        if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+            build("kimi-k3", out, seed=seed, vocab_size=vocab_size)
     return out
 
 
@@ -44,14 +57,19 @@ def tiny_kimi_k3_with_words(words, vocab_size: int = 32000, seed: int = 0) -> st
     hard link), so that e.g. ``"hi" * 257`` is 257 tokens, as upstream's
     ``prefix_cache_branching_kit`` assumes of a real tokenizer (our byte-level BPE splits "hi" in two).
     """
+    base = tiny_kimi_k3_padded(vocab_size, seed)
+    out = os.path.join(_CACHE_DIR, f"kimi-k3-tiny-vocab{vocab_size}-seed{seed}-words-{'-'.join(words)}")
+    with build_lock(out):
+        if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+            _add_words(base, out, words, vocab_size)
+    return out
+
+
+def _add_words(base: str, out: str, words, vocab_size: int) -> None:
     import shutil
 
     from tokenizers import AddedToken, Tokenizer
 
-    base = tiny_kimi_k3_padded(vocab_size, seed)
-    out = os.path.join(_CACHE_DIR, f"kimi-k3-tiny-vocab{vocab_size}-seed{seed}-words-{'-'.join(words)}")
-    if os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
-        return out
     os.makedirs(out, exist_ok=True)
     for name in sorted(os.listdir(base)):
         if name == "config.json":
@@ -73,4 +91,3 @@ def tiny_kimi_k3_with_words(words, vocab_size: int = 32000, seed: int = 0) -> st
         raise ValueError(f"words {words!r} must be new to the tokenizer and fit the vocabulary of {vocab_size}")
     tok.save(os.path.join(out, "tokenizer.json"))
     shutil.copy(os.path.join(base, "config.json"), os.path.join(out, "config.json"))
-    return out
