@@ -284,15 +284,23 @@ def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
 
 
 def test_default_tiles_and_warps_follow_the_h200_sweep():
-    """Issue 4 sweep (docs/kernels.md): one warp per program; decode 16 columns (4 at B=1, to fill
-    the GPU); the verify kernel's plain windows the same rule (8 at least on a K-major pool), its
+    """Issue 4 sweeps (docs/kernels.md): one warp per program; V-major decode 4 columns (KDA: up to
+    32 programs per SM, then 16; GDN: always); the verify kernel's plain windows 16 columns halved to
+    fill 8 waves (4 at least; on a K-major pool 2 waves and 8 at least), its
     all-modes binary 8 columns (16 K-major) halved under 8 waves; the register-tile kernel's verify
     tiles (explicit ``preload``) 4 columns with per-channel decay, 8 with per-head decay or K-major."""
     from sgl_hybrid_kernel.delta_rule.recurrent import (pick_deferred_tile, pick_value_tile, pick_wide_tile, recurrent_num_warps,
                                                         recurrent_preload)
 
-    assert [pick_wide_tile(b, 12, 128) for b in (1, 32, 128)] == [4, 16, 16]
-    assert [pick_wide_tile(1, 48, 128), pick_wide_tile(32, 48, 128), pick_wide_tile(1, 4, 128, "kv")] == [16, 16, 8]
+    # decode (T = 1), KDA (per-channel gate, 12 heads): 4 columns up to 32 x 132 programs (B = 11), then 16
+    assert [pick_wide_tile(b, 12, 128, per_channel_decay=True) for b in (1, 2, 4, 8, 11, 12, 16, 32, 128)] == [4] * 5 + [16] * 4
+    # decode, GDN (per-head gate, 48 value heads): 4 columns at every batch
+    assert [pick_wide_tile(b, 48, 128) for b in (1, 8, 32, 256)] == [4, 4, 4, 4]
+    # plain verify windows: 16 halved (to 4) to fill 8 waves of 132 SMs
+    assert [pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4, 8, 16, 32, 128)] == [4, 4, 4, 8, 16, 16, 16]
+    assert [pick_wide_tile(b, 48, 128, tokens=5) for b in (1, 2, 4, 32)] == [4, 8, 16, 16]
+    # the K-major pool: 16 halved to fill 2 waves, 8 at least
+    assert [pick_wide_tile(1, 4, 128, "kv"), pick_wide_tile(1, 12, 128, "kv", tokens=4), pick_wide_tile(32, 12, 128, "kv")] == [8, 8, 16]
     assert [pick_deferred_tile(b, 12, 128) for b in (1, 8, 32)] == [4, 8, 8]
     assert [pick_deferred_tile(1, 48, 128), pick_deferred_tile(32, 48, 128), pick_deferred_tile(32, 48, 128, "kv")] == [4, 8, 16]
 

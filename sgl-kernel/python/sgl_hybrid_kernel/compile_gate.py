@@ -172,8 +172,12 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_decode1w_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
             wide("kda_decode1w_bv16", 1, 16, GATE_KDA_SAFE, kda, vk),
             wide("gdn_decode1w_bv16", 1, 16, GATE_GDN, gdn, vk),
+            wide("gdn_decode1w_bv4", 1, 4, GATE_GDN, gdn, vk),  # GDN decode's tile at every batch since 2026-11-30
             wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
+            wide("kda_verify1w_t4_bv8", 4, 8, GATE_KDA_SAFE, kda, vk),  # plain verify tiles by batch since 2026-11-30
             wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
+            wide("gdn_verify1w_t5_bv4", 5, 4, GATE_GDN, gdn, vk),
+            wide("gdn_verify1w_t5_bv8", 5, 8, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv16_kv", 5, 16, GATE_GDN, gdn, kv),
             # the all-modes binary (snapshots / deferred / fused replay / replay_commit), recurrent.pick_deferred_tile

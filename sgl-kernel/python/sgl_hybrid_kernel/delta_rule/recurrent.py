@@ -28,8 +28,11 @@ class ValueTileTuning:
     """Parameters of :func:`pick_value_tile`, measured on one (arch, compute-unit count).
 
     ``num_compute_units`` SMs / CUs and ``waves``: decode narrows the tile until
-    ``B * HV * V / BV`` programs fill ``waves`` waves of the device. ``tuned`` is
-    False for the default built for a device no sweep has measured.
+    ``B * HV * V / BV`` programs fill ``waves`` waves of the device. ``narrow_decode_per_cu``:
+    decode on the V-major pool with a per-channel gate (KDA) keeps 4-column one-warp programs
+    while there are at most this many per compute unit, and plain verify windows narrow theirs
+    until ``verify_waves`` waves (:func:`pick_wide_tile`). ``tuned`` is False for the default
+    built for a device no sweep has measured.
     """
 
     name: str
@@ -37,12 +40,16 @@ class ValueTileTuning:
     waves: int = 2
     tuned: bool = True
     source: str = ""
+    narrow_decode_per_cu: int = 32
+    verify_waves: int = 8
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
 # must not silently apply to a part with a different CU count (issue 9).
 VALUE_TILE_TUNED: Dict[Tuple[str, int], ValueTileTuning] = {
-    ("sm90", 132): ValueTileTuning("sm90x132", 132, 2, True, "H200 sweep 2026-11-29, benchmark/kernels/sweep_value_tile.py"),
+    ("sm90", 132): ValueTileTuning("sm90x132", 132, 2, True, "H200 sweeps 2026-11-29 (benchmark/kernels/sweep_value_tile.py) and "
+                                   "2026-11-30 (bench_delta_rule.py --sweep-decode-batches / --sweep-verify-batches: "
+                                   "decode B = 1..128, verify B = 1..32)", 32, 8),
 }
 # What tests and benchmarks on the CPU interpreter use (no device to ask).
 INTERPRETER_TUNING = VALUE_TILE_TUNED[("sm90", 132)]
@@ -267,7 +274,7 @@ def gated_delta_recurrent_triton(
             raise ValueError(f"inter_state: the verify kernel needs the state pool's per-slot strides "
                              f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
         plain = not (save or deferred or fused_replay)
-        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning) if plain
+        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
         warps = num_warps or 1
@@ -327,15 +334,35 @@ def use_wide_verify(batch: int, tokens: int, state_layout: str = "vk") -> bool:
 
 
 def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
-                   tuning: Optional[ValueTileTuning] = None) -> int:
-    """Value columns per one-warp program of the verify kernel: decode's rule (16 columns,
-    halved while ``B * HV * V / BV`` programs fall short of ``tuning.waves`` waves; 8 at least
-    for the K-major pool, whose rows are then one 32-byte sector). H200: B=1 -> 4, B >= 32 -> 16
-    (Kimi K3 TP8 and Qwen3.8 shapes)."""
+                   tuning: Optional[ValueTileTuning] = None, tokens: int = 1, per_channel_decay: bool = False) -> int:
+    """Value columns per one-warp program of the verify kernel's ``PLAIN`` binary (V-major pool:
+    SGLang's; K-major: fla's).
+
+    * Decode (``tokens == 1``), V-major: 4 columns with a per-head gate (GDN) at every batch, and
+      with a per-channel gate (KDA) while ``B * HV * V / 4`` programs are at most
+      ``tuning.narrow_decode_per_cu`` per compute unit, then 16. A 4-column program re-reads its
+      token's q, k (and KDA's per-channel gate input) for a quarter of the state rows of a
+      16-column one, which pays while the grid is small (more programs in flight per SM hide the
+      state load) and costs once it is full. H200, 2026-11-30 (``2026-11-30-h200-decode_verify_tiles.json``,
+      graph replay, states from HBM): KDA (12 heads) B = 2 / 4 / 8: 2.83 / 3.71 / 5.52 us vs
+      3.42 / 3.88 / 5.84 with the earlier rule; GDN (48 value heads) B = 1 / 2 / 8: 3.26 / 5.42 /
+      15.08 vs 3.46 / 5.86 / 15.50 (B = 4: 9.01 vs 8.90, the one batch where 16 columns won).
+    * Plain verify windows (``tokens > 1``), V-major: 16 columns, halved (to 4 at least) while
+      ``B * HV * V / BV`` programs fall short of ``tuning.verify_waves`` waves: each token's
+      dependent chain is long, so the grid needs more programs in flight than decode's.
+      H200, same run: KDA T=4 B = 2 / 4 / 8: 4.27 / 5.11 / 7.44 us vs 4.70 / 7.00 / 8.22 with 2
+      waves; GDN T=5 B = 1 / 2: 5.71 / 8.05 vs 7.86 / 8.70.
+    * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least (a row
+      is then one 32-byte sector); not re-measured. H200: B=1 -> 8, B >= 32 -> 16."""
     tuning = tuning or INTERPRETER_TUNING
+    if tokens == 1 and state_layout == "vk" and head_v_dim >= 4:
+        narrow = batch * num_v_heads * triton.cdiv(head_v_dim, 4)
+        if not per_channel_decay or narrow <= tuning.narrow_decode_per_cu * tuning.num_compute_units:
+            return 4
+    waves = tuning.verify_waves if (tokens > 1 and state_layout == "vk") else tuning.waves
     floor = 8 if state_layout == "kv" else 4
     bv = 16
-    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.waves * tuning.num_compute_units:
+    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < waves * tuning.num_compute_units:
         bv //= 2
     return min(bv, triton.next_power_of_2(head_v_dim))
 
