@@ -1326,6 +1326,7 @@ SWEEP_CASES = None  # main(): --sweep-cases (substrings of case names to run; No
 RECURRENT_BASELINE = None  # main(): --recurrent-baseline
 SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, the baseline and fla only)
 SWEEP_DECODE_BATCHES = None  # main(): --sweep-decode-batches (decode cases' batch sizes; None = KDA 1/32/128, GDN 1/32)
+SWEEP_DEFERRED_BATCHES = None  # main(): --sweep-deferred-batches (GDN T=5 deferred / fused-replay cases; None = 32, fused also 1)
 SWEEP_VERIFY_BATCHES = None  # main(): --sweep-verify-batches (KDA T=4 and GDN plain T=5 verify; None = KDA 1/32/128, GDN 32)
 WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS,... tiles of the one-warp per-token kernel (gated_delta_verify_wide_kernel)
 CHUNK_VARIANTS = []  # main(): --chunk-variants BVxWARPS:PREC,... chunk-form windows (triton_window.py) timed beside the tiles
@@ -1458,8 +1459,11 @@ def bench_recurrent_sweep(results, ceiling):
     A, dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
     decode_cases = tuple((b, 1, "decode", "vk") for b in (SWEEP_DECODE_BATCHES or (1, 32)))
     verify_cases = tuple((b, 5, "verify", "vk") for b in (SWEEP_VERIFY_BATCHES or (32,)))
-    for B, T, mode, layout in decode_cases + ((1, 5, "deferred_fused", "vk"),) + verify_cases + ((32, 5, "deferred", "vk"), (32, 5, "deferred_fused", "vk"),
-                               (32, 5, "deferred_fused", "kv")):
+    if SWEEP_DEFERRED_BATCHES:
+        deferred_cases = tuple((b, 5, m, "vk") for m in ("deferred", "deferred_fused") for b in SWEEP_DEFERRED_BATCHES)
+    else:
+        deferred_cases = ((1, 5, "deferred_fused", "vk"), (32, 5, "deferred", "vk"), (32, 5, "deferred_fused", "vk"))
+    for B, T, mode, layout in decode_cases + verify_cases + deferred_cases + ((32, 5, "deferred_fused", "kv"),):
         if layout == "vk":
             pool, small = torch.randn(slots, HV, V, K, device=DEV), torch.randn(max(64, B), HV, V, K, device=DEV)
         else:
@@ -1518,7 +1522,7 @@ def bench_recurrent_sweep(results, ceiling):
 
 def main():
     global PARTIAL_OUT, CHUNK_STATE_SHAPES, RECURRENT_BASELINE, SWEEP_DEFAULT_ONLY, SWEEP_CASES, HOST_BASELINE, HOST_SHAPES
-    global GDN_KEEP, SWEEP_DECODE_BATCHES, SWEEP_VERIFY_BATCHES
+    global GDN_KEEP, SWEEP_DECODE_BATCHES, SWEEP_VERIFY_BATCHES, SWEEP_DEFERRED_BATCHES
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
     p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,"
@@ -1545,6 +1549,8 @@ def main():
                    "the decode cases (default: KDA 1,32,128; GDN 1,32)")
     p.add_argument("--sweep-verify-batches", default=None, help="bench_recurrent_sweep: comma list of batch sizes of "
                    "the plain verify cases, KDA T=4 and GDN T=5 (default: KDA 1,32,128; GDN 32)")
+    p.add_argument("--sweep-deferred-batches", default=None, help="bench_recurrent_sweep: comma list of batch sizes of "
+                   "the GDN T=5 deferred-commit and fused-replay cases (default: 32, the fused replay also 1)")
     p.add_argument("--wide-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS, tiles of the "
                    "one-warp per-token kernel (gated_delta_verify_wide_kernel; the 2026-11-30 sweeps also varied its input "
                    "prefetch, since removed: it won every row)")
@@ -1552,6 +1558,7 @@ def main():
     args = p.parse_args()
     SWEEP_DECODE_BATCHES = tuple(int(x) for x in args.sweep_decode_batches.split(",")) if args.sweep_decode_batches else None
     SWEEP_VERIFY_BATCHES = tuple(int(x) for x in args.sweep_verify_batches.split(",")) if args.sweep_verify_batches else None
+    SWEEP_DEFERRED_BATCHES = tuple(int(x) for x in args.sweep_deferred_batches.split(",")) if args.sweep_deferred_batches else None
     WIDE_VARIANTS[:] = [tuple(int(n) for n in x.split("x")) for x in args.wide_variants.split(",") if x]
     CHUNK_VARIANTS[:] = [(int(x.split(":")[0].split("x")[0]), int(x.split(":")[0].split("x")[1]), x.split(":")[1])
                          for x in args.chunk_variants.split(",") if x]
