@@ -18,7 +18,8 @@ def _pin_xdist_worker():
     """Under pytest-xdist (``make test`` runs two workers), give each worker its own share of the
     cores and one thread per core, inherited by the servers and subprocesses it starts. Without
     it two workers' torch / OpenMP thread pools (and their servers') each spin on every core, and
-    on the 2-core CI machine a test that takes a minute alone took over ten."""
+    on the 2-core CI machine a test that takes a minute alone took over ten. (sgl-kernel/tests/conftest.py has the
+    same function: each suite also runs on its own, the kernel one on GPU machines without SGLang.)"""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):

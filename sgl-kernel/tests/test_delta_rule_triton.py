@@ -247,6 +247,35 @@ def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
     assert not o_f.isnan().any() and torch.equal(o_f, o_ref)
 
 
+def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
+    """The value tile the wrapper launches at the serving shapes (interpreter = the H200 table) is the
+    decode / verify rule's for that gate and window length: KDA decode 4 columns up to B = 11 then 16,
+    GDN decode 4 at any batch, KDA verify T=4 halved until 8 waves (B=4: 4, B=8: 8)."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+
+    tiles = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: tiles.append((grid[0], kw["BV"], kw["PLAIN"]))
+
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
+    gen = torch.Generator().manual_seed(3)
+
+    def launch(B, T, H, HV, gate):
+        q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, 128, 128, gate)
+        pool = torch.zeros(B, HV, 128, 128)
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.arange(B), T, gate, -5.0 if gate == "kda" else None,
+                                     state_layout="vk", commit=(T == 1))
+
+    for B in (1, 11, 12):
+        launch(B, 1, 12, 12, "kda")
+    launch(32, 1, 16, 48, "gdn")
+    launch(4, 4, 12, 12, "kda")
+    launch(8, 4, 12, 12, "kda")
+    assert tiles == [(32, 4, True), (32, 4, True), (8, 16, True), (32, 4, True), (32, 4, True), (16, 8, True)]
+
+
 def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
     """Bit-exact deferred commit on a GPU rests on snapshots, deferred verify, fused replay and
     ``replay_commit`` running the same compiled kernel (same register layouts, so the same

@@ -69,5 +69,7 @@ def test_gives_up_after_three_taken_ports(monkeypatch):
 
 def test_free_port_returns_a_bindable_port():
     port = server_mod.free_port()
+    assert 1024 <= port <= 65535
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", port))
+        s.bind(("127.0.0.1", port))  # raises OSError if the port were taken
+        assert s.getsockname()[1] == port
