@@ -1332,6 +1332,16 @@ WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS,... tiles of the one-warp
 CHUNK_VARIANTS = []  # main(): --chunk-variants BVxWARPS:PREC,... chunk-form windows (triton_window.py) timed beside the tiles
 
 
+L2_BYTES = 60 * 1024 ** 2  # H200
+
+
+def _hbm_rot(batch, slot_bytes, slots):
+    """Index sets per graph for ``bench_recurrent_sweep``: enough that one replay touches >= 4x L2 of
+    states (issue 4: measure from HBM; with 8 sets a small batch's states stayed in L2, e.g. KDA B=1:
+    8 x 0.79 MB), at least 8 and at most ``slots // batch``."""
+    return max(8, min(slots // batch, -(-4 * L2_BYTES // (batch * slot_bytes))))
+
+
 def bench_recurrent_sweep(results, ceiling):
     """Decode / verify / deferred-commit verify (issue 4), graph replay, states from a pool >> L2:
     value tile x warps per case, the package's default, the baseline package's default (same
@@ -1340,6 +1350,9 @@ def bench_recurrent_sweep(results, ceiling):
     from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
+    global ROT
+    rot_before = ROT
+    results["recurrent_sweep_rotation"] = "index sets per graph: _hbm_rot (>= 4x L2 of states per replay)"
     base_fn, base_commit = _load_baseline_recurrent(RECURRENT_BASELINE) if RECURRENT_BASELINE else (None, None)
     rows = []
     results["recurrent_sweep"] = rows
@@ -1415,6 +1428,7 @@ def bench_recurrent_sweep(results, ceiling):
     small = torch.randn(160, H, V, K, device=DEV)
     for T in (1, 4):
         for B in (SWEEP_DECODE_BATCHES or (1, 32, 128)) if T == 1 else (SWEEP_VERIFY_BATCHES or (1, 32, 128)):
+            ROT = _hbm_rot(B, H * K * V * 4, SLOTS)
             perms = [torch.randperm(SLOTS, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
             N = B * T
             q, k, v = (torch.randn(N, H, d, device=DEV, dtype=torch.bfloat16) for d in (K, K, V))
@@ -1468,6 +1482,7 @@ def bench_recurrent_sweep(results, ceiling):
             pool, small = torch.randn(slots, HV, V, K, device=DEV), torch.randn(max(64, B), HV, V, K, device=DEV)
         else:
             pool, small = torch.randn(slots, HV, K, V, device=DEV), torch.randn(max(64, B), HV, K, V, device=DEV)
+        ROT = _hbm_rot(B, HV * K * V * 4, slots)
         perms = [torch.randperm(slots, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
         starts = [int(torch.randint(0, slots - B + 1, (1,))) for _ in range(ROT)]
         N = B * T
@@ -1518,6 +1533,7 @@ def bench_recurrent_sweep(results, ceiling):
                  SWEEP_TILES[("decode" if T == 1 else "verify", int(B == 1))], fla_call, check)
         del pool, small
         torch.cuda.empty_cache()
+    ROT = rot_before
 
 
 def main():
