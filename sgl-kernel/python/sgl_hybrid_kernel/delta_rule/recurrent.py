@@ -371,12 +371,12 @@ def pick_deferred_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layo
                        tuning: Optional[ValueTileTuning] = None) -> int:
     """Value columns per one-warp program of the verify kernel's all-modes binary (snapshots,
     deferred commit, fused replay, :func:`replay_commit`): 8 (16 on a K-major pool), halved while
-    the grid is under 8 waves of ``tuning.num_compute_units``. H200, 2026-11-30, GDN T=5: B=32
+    the grid is under ``tuning.verify_waves`` (8) waves of ``tuning.num_compute_units``. H200, 2026-11-30, GDN T=5: B=32
     8 columns (deferred 117 / fused 134 us vs 123 / 146 at 16), K-major 16 (130 vs 157 at 8), B=1
     4 (7.8 vs 8.1 us at 8)."""
     tuning = tuning or INTERPRETER_TUNING
     bv, floor = (16, 8) if state_layout == "kv" else (8, 4)
-    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < 8 * tuning.num_compute_units:
+    while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.verify_waves * tuning.num_compute_units:
         bv //= 2
     return min(bv, triton.next_power_of_2(head_v_dim))
 
