@@ -81,8 +81,9 @@ def copy_ceiling_tbs():
 
 
 # ----------------------------------------------------------------------------- correctness
-def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128):
-    """Deferred commit at a serving shape (BF16 activations, default tiles): outputs equal the
+def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128, **kw):
+    """Deferred commit at a serving shape (BF16 activations, default tiles or ``kw``'s, e.g.
+    ``value_tile`` / ``key_lanes``, passed to every call of the window): outputs equal the
     snapshot verify's, the replayed states equal the snapshots, and a second window with the
     replay fused equals a plain verify started from the snapshot states; all bit for bit."""
     g = torch.Generator(device=DEV).manual_seed(11)
@@ -97,27 +98,32 @@ def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128):
         return q, k, v, f, b
 
     w1, w2 = window(), window()
+    slots = max(24, 2 * B)
     A = torch.rand(HV, device=DEV, generator=g)
     dtb = torch.randn(HV if gate == "gdn" else HV * K, device=DEV, generator=g)
     lb = None if gate == "gdn" else LB
-    pool = torch.randn(24, HV, K, V, device=DEV, generator=g) * 0.1
-    idx = torch.randperm(24, device=DEV)[:B].to(torch.int32)
+    pool = torch.randn(slots, HV, K, V, device=DEV, generator=g) * 0.1
+    idx = torch.randperm(slots, device=DEV)[:B].to(torch.int32)
     acc = torch.randint(1, T + 1, (B,), device=DEV, dtype=torch.int32)
     inter = torch.zeros(N, HV, K, V, device=DEV)
     p_snap = pool.clone()
     o_s = gated_delta_recurrent_triton(*w1, A, dtb, p_snap, idx, T, gate, lb, state_layout=layout, commit=False,
-                                       inter_state=inter, inter_indices=torch.arange(N, device=DEV, dtype=torch.int32))
+                                       inter_state=inter, inter_indices=torch.arange(N, device=DEV, dtype=torch.int32), **kw)
     p_def = pool.clone()
-    rb1, rb2 = (torch.zeros(24, T - 1, HV, K + gk + 1 + V, device=DEV) for _ in range(2))
-    o_d = gated_delta_recurrent_triton(*w1, A, dtb, p_def, idx, T, gate, lb, state_layout=layout, replay_buffer=rb1)
+    rb1, rb2 = (torch.zeros(slots, T - 1, HV, K + gk + 1 + V, device=DEV) for _ in range(2))
+    o_d = gated_delta_recurrent_triton(*w1, A, dtb, p_def, idx, T, gate, lb, state_layout=layout, replay_buffer=rb1, **kw)
     p_fused = p_def.clone()
-    replay_commit(p_def, idx, acc, rb1, K, gate, state_layout=layout, num_k_heads=H, lower_bound=lb)
+    replay_commit(p_def, idx, acc, rb1, K, gate, state_layout=layout, num_k_heads=H, lower_bound=lb, **kw)
     snaps = torch.stack([inter[i * T + int(a) - 1] for i, a in enumerate(acc.tolist())])
     p_ref = pool.clone()
     p_ref[idx.long()] = snaps
-    o2_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout=layout, commit=True)
+    # the reference window writes snapshots too, so it runs the all-modes binary the fused window runs
+    # (a plain window may take another kernel: the lanes kernel's PLAIN binary, recurrent.pick_lanes_tile)
+    o2_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout=layout, commit=True,
+                                          inter_state=torch.zeros_like(inter),
+                                          inter_indices=torch.arange(N, device=DEV, dtype=torch.int32), **kw)
     o2_f = gated_delta_recurrent_triton(*w2, A, dtb, p_fused, idx, T, gate, lb, state_layout=layout, replay_buffer=rb2,
-                                        replay_prev=rb1, accept_prev=acc)
+                                        replay_prev=rb1, accept_prev=acc, **kw)
     return dict(outputs=bool(torch.equal(o_s, o_d)), replayed_states=bool(torch.equal(p_def[idx.long()], snaps)),
                 fused_outputs=bool(torch.equal(o2_ref, o2_f)), fused_vs_ref_rel=rel(o2_f.float(), o2_ref.float()))
 
@@ -1328,7 +1334,7 @@ SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, 
 SWEEP_DECODE_BATCHES = None  # main(): --sweep-decode-batches (decode cases' batch sizes; None = KDA 1/32/128, GDN 1/32)
 SWEEP_DEFERRED_BATCHES = None  # main(): --sweep-deferred-batches (GDN T=5 deferred / fused-replay cases; None = 32, fused also 1)
 SWEEP_VERIFY_BATCHES = None  # main(): --sweep-verify-batches (KDA T=4 and GDN plain T=5 verify; None = KDA 1/32/128, GDN 32)
-WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS,... tiles of the one-warp per-token kernel (gated_delta_verify_wide_kernel)
+WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS[kKL],... tiles of the one-warp kernel (or of the lanes kernel: kKL)
 CHUNK_VARIANTS = []  # main(): --chunk-variants BVxWARPS:PREC,... chunk-form windows (triton_window.py) timed beside the tiles
 
 
@@ -1373,8 +1379,9 @@ def bench_recurrent_sweep(results, ceiling):
              {} if t is None else dict(value_tile=t[0], num_warps=t[1], **({"preload": t[2]} if len(t) > 2 else {})))
             for t in tiles]
         if WIDE_VARIANTS:  # decode too (T = 1): the same kernel, one token
-            todo += [(f"wide_bv{bv}_w{nw}", gated_delta_recurrent_triton, dict(wide=True, value_tile=bv, num_warps=nw))
-                     for bv, nw in WIDE_VARIANTS]
+            todo += [(f"wide_bv{bv}_w{nw}" + (f"_kl{kl}" if kl else ""), gated_delta_recurrent_triton,
+                      dict(wide=True, value_tile=bv, num_warps=nw, **({"key_lanes": kl} if kl else {})))
+                     for bv, nw, kl in WIDE_VARIANTS]
         if T > 1:
             todo += [(f"chunk_bv{bv}_w{nw}_{prec}", gated_delta_recurrent_triton,
                       dict(form="chunk", value_tile=bv, num_warps=nw, dot_precision=prec)) for bv, nw, prec in CHUNK_VARIANTS]
@@ -1474,7 +1481,7 @@ def bench_recurrent_sweep(results, ceiling):
     decode_cases = tuple((b, 1, "decode", "vk") for b in (SWEEP_DECODE_BATCHES or (1, 32)))
     verify_cases = tuple((b, 5, "verify", "vk") for b in (SWEEP_VERIFY_BATCHES or (32,)))
     if SWEEP_DEFERRED_BATCHES:
-        deferred_cases = tuple((b, 5, m, "vk") for m in ("deferred", "deferred_fused") for b in SWEEP_DEFERRED_BATCHES)
+        deferred_cases = tuple((b, 5, m, "vk") for m in ("deferred", "deferred_fused", "snapshots") for b in SWEEP_DEFERRED_BATCHES)
     else:
         deferred_cases = ((1, 5, "deferred_fused", "vk"), (32, 5, "deferred", "vk"), (32, 5, "deferred_fused", "vk"))
     for B, T, mode, layout in decode_cases + verify_cases + deferred_cases + ((32, 5, "deferred_fused", "kv"),):
@@ -1493,6 +1500,8 @@ def bench_recurrent_sweep(results, ceiling):
         rb = [torch.zeros(slots, max(T - 1, 1), HV, K + 1 + 1 + V, device=DEV) for _ in range(2)]
         acc = torch.randint(1, T + 1, (B,), device=DEV, dtype=torch.int32)
         cidx = torch.randperm(small.shape[0], device=DEV)[:B].to(torch.int32)
+        snap = torch.empty((B * T,) + tuple(pool.shape[1:]), device=DEV) if mode == "snapshots" else None
+        sidx = torch.arange(B * T, device=DEV, dtype=torch.int32)
 
         def call(fn, r, kw):
             if mode == "decode":
@@ -1501,6 +1510,9 @@ def bench_recurrent_sweep(results, ceiling):
                 return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", commit=False, out=o, state_layout=layout, **kw)
             if mode == "deferred":  # token 0's state committed, inputs of 1..T-1 kept; no replay in this launch
                 return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", replay_buffer=rb[0], out=o, state_layout=layout, **kw)
+            if mode == "snapshots":  # what SGLang's target_verify asks: the state after every token (B * T states written)
+                return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", commit=False, inter_state=snap, inter_indices=sidx,
+                          out=o, state_layout=layout, **kw)
             return fn(q, k, v, a, b, A, dtb, pool, perms[r], T, "gdn", replay_buffer=rb[r % 2], replay_prev=rb[1 - r % 2],
                       accept_prev=acc, out=o, state_layout=layout, **kw)
 
@@ -1514,6 +1526,11 @@ def bench_recurrent_sweep(results, ceiling):
                 fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r1, state_layout=layout, **kw)
                 out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r2, replay_prev=r1, accept_prev=acc,
                          state_layout=layout, **kw)
+            elif mode == "snapshots":
+                sp = torch.zeros_like(snap)
+                out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", commit=False, inter_state=sp, inter_indices=sidx,
+                         state_layout=layout, **kw)
+                return torch.cat([out.float().flatten(), sp.flatten()])
             else:
                 out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", commit=(mode == "decode"), state_layout=layout, **kw)
             return torch.cat([out.float().flatten(), p[cidx.long()].flatten()])
@@ -1567,15 +1584,19 @@ def main():
                    "the plain verify cases, KDA T=4 and GDN T=5 (default: KDA 1,32,128; GDN 32)")
     p.add_argument("--sweep-deferred-batches", default=None, help="bench_recurrent_sweep: comma list of batch sizes of "
                    "the GDN T=5 deferred-commit and fused-replay cases (default: 32, the fused replay also 1)")
+    p.add_argument("--lanes-exact", default="", help="deferred_exact: comma list of BVxKL (value tile x key lanes): "
+                   "also check the lanes kernel (triton_lanes.py) bit for bit at those tiles")
     p.add_argument("--wide-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS, tiles of the "
                    "one-warp per-token kernel (gated_delta_verify_wide_kernel; the 2026-11-30 sweeps also varied its input "
-                   "prefetch, since removed: it won every row)")
+                   "prefetch, since removed: it won every row), or BVxWARPSkKL: the lanes kernel (triton_lanes.py) at "
+                   "BV columns with KL lanes on the keys")
     p.add_argument("--gdn-variants", default=None, help="bench_gdn_prefill: comma list of GDN_PREFILL_VARIANTS names")
     args = p.parse_args()
     SWEEP_DECODE_BATCHES = tuple(int(x) for x in args.sweep_decode_batches.split(",")) if args.sweep_decode_batches else None
     SWEEP_VERIFY_BATCHES = tuple(int(x) for x in args.sweep_verify_batches.split(",")) if args.sweep_verify_batches else None
     SWEEP_DEFERRED_BATCHES = tuple(int(x) for x in args.sweep_deferred_batches.split(",")) if args.sweep_deferred_batches else None
-    WIDE_VARIANTS[:] = [tuple(int(n) for n in x.split("x")) for x in args.wide_variants.split(",") if x]
+    WIDE_VARIANTS[:] = [(int(x.split("x")[0]), int(x.split("x")[1].split("k")[0]), int(x.split("k")[1]) if "k" in x else 0)
+                        for x in args.wide_variants.split(",") if x]
     CHUNK_VARIANTS[:] = [(int(x.split(":")[0].split("x")[0]), int(x.split(":")[0].split("x")[1]), x.split(":")[1])
                          for x in args.chunk_variants.split(",") if x]
     RECURRENT_BASELINE = args.recurrent_baseline
@@ -1595,6 +1616,11 @@ def main():
     if only is not None and "deferred_exact" in only:  # the serving-shape bit-exact checks alone (B=8, and GDN B=1)
         results["deferred_exact"] = {f"{g}_{lay}_t{t}_b{b}": _deferred_exact(g, h, hv, t, lay, B=b) for g, h, hv, t, lay, b in (
             ("gdn", 16, 48, 5, "vk", 8), ("gdn", 16, 48, 5, "kv", 8), ("kda", 12, 12, 4, "vk", 8), ("gdn", 16, 48, 5, "vk", 1))}
+        for lv in (x for x in args.lanes_exact.split(",") if x):  # the lanes kernel at explicit tiles
+            bv, kl = (int(y) for y in lv.split("x"))
+            for g, h, hv, t, b in (("gdn", 16, 48, 5, 8), ("gdn", 16, 48, 5, 32), ("kda", 12, 12, 4, 8)):
+                results["deferred_exact"][f"{g}_vk_t{t}_b{b}_lanes_bv{bv}_kl{kl}"] = _deferred_exact(
+                    g, h, hv, t, "vk", B=b, value_tile=bv, key_lanes=kl)
         print("deferred_exact", results["deferred_exact"], flush=True)
     ceiling = copy_ceiling_tbs()
     results["copy_ceiling_tb_s"] = ceiling

@@ -142,12 +142,13 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
 
 
 def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
-    """Default routing (H200 sweeps, docs/kernels.md 2026-11-30): every verify window runs
-    ``gated_delta_verify_wide_kernel`` with one warp. Plain windows (commit or not) its ``PLAIN``
-    binary: 4 columns at B=1, 16 from B=32 (decode's wave rule). Snapshots and deferred commit its
-    all-modes binary: 4 / 8 columns. Decode on the V-major pool
-    takes the ``PLAIN`` binary too; decode on the K-major pool and an explicit ``preload`` keep the
-    register-tile kernel."""
+    """Default routing (H200 sweeps, docs/kernels.md 2026-11-30), KDA: verify windows run
+    ``gated_delta_verify_wide_kernel`` with one warp, except plain windows from 8 programs per SM at 16
+    columns (B = 32, 128 here), which run the lanes kernel (its prologue, then 16 columns x 8 key lanes;
+    test_delta_rule_lanes.py). Plain windows at B=1 the one-warp ``PLAIN`` binary, 4 columns. Snapshots
+    and deferred commit its all-modes binary: 4 / 8 columns (KDA's all-modes windows never take the lanes
+    kernel). Decode on the V-major pool takes the ``PLAIN`` binary too; decode on the K-major pool and
+    an explicit ``preload`` keep the register-tile kernel."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
 
     calls = []
@@ -157,10 +158,12 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
             self.name = name
 
         def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((self.name, kw["BV"], kw["num_warps"], kw.get("PRELOAD"), kw.get("PLAIN")))
+            return lambda *a, **kw: calls.append((self.name, kw.get("BV"), kw["num_warps"], kw.get("PRELOAD"), kw.get("PLAIN")))
 
     monkeypatch.setattr(rec, "gated_delta_recurrent_kernel", Spy("narrow"))
     monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy("wide"))
+    monkeypatch.setattr(rec, "gated_delta_verify_lanes_kernel", Spy("lanes"))
+    monkeypatch.setattr(rec, "token_prep_kernel", Spy("prep"))
     gen = torch.Generator().manual_seed(14)
     T, H, K, V = 4, 12, 128, 128
     for B in (1, 32, 128):
@@ -174,8 +177,9 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
         run(commit=False, preload=True)  # that kernel's knob: the register-tile kernel
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, "kda", -5.0, state_layout="vk")
     plain, modes, narrow = [("wide", 4, 1, None, True)] * 2, [("wide", 4, 1, None, False)] * 2, [("narrow", 4, 1, True, None)]
-    b32 = [("wide", 16, 1, None, True)] * 2 + [("wide", 8, 1, None, False)] * 2
-    b128 = [("wide", 16, 1, None, True)] * 2 + [("wide", 8, 1, None, False)] * 2
+    lanes = [("prep", None, 1, None, None), ("lanes", 16, 1, None, True)] * 2
+    b32 = lanes + [("wide", 8, 1, None, False)] * 2
+    b128 = lanes + [("wide", 8, 1, None, False)] * 2
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool.transpose(-1, -2), idx, 1, "kda", -5.0,
                                  state_layout="kv")
     assert calls == (plain + modes + narrow + b32 + narrow + b128 + narrow + [("wide", 16, 1, None, True)]

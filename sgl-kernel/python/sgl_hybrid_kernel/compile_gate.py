@@ -129,6 +129,22 @@ def compile_config(cfg: KernelConfig, target: str) -> Report:
     return Report(cfg.name, target, shared, regs, spills, None, budget=cfg.lds_budget)
 
 
+def blocked_layouts(config_name: str, target: str = "sm90") -> List[tuple]:
+    """``(sizePerThread, threadsPerWarp)`` of every blocked layout in the compiled TTGIR of the
+    config named ``config_name`` (for checks of how Triton laid a tile out, e.g. the lanes kernel's)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cfg = next(c for c in kernel_configs() if c.name == config_name)
+    names = list(inspect.signature(cfg.kernel.fn).parameters)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in cfg.divisible} or None
+    compiled = triton.compile(ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
+                              target=GPUTarget(*TARGETS[target]), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    found = re.findall(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\]", compiled.asm["ttgir"])
+    return [(tuple(int(x) for x in spt.split(",")), tuple(int(x) for x in tpw.split(","))) for spt, tpw in found]
+
+
 def kernel_configs() -> List[KernelConfig]:
     """Every kernel at the shapes we serve: Kimi K3 TP8 (12 KDA heads x 128) and
     Qwen3.8 GDN (16 k-heads, 48 v-heads x 128), with the tiles the wrappers pick."""
@@ -187,6 +203,31 @@ def kernel_configs() -> List[KernelConfig]:
             wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, False),
             wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),
             wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False)]
+    # lanes kernel (triton_lanes.py; recurrent.pick_lanes_tile: 16 columns, 8 key lanes) and its per-token
+    # prologue; V_FIRST as the installed Triton needs it (triton_lanes.lanes_v_first)
+    from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
+                                                           token_prep_kernel)
+
+    lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr")
+
+    def lanes(name, T, bv, kl, gate, shape, plain=True):
+        return KernelConfig(name, gated_delta_verify_lanes_kernel,
+                            dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), PLAIN=plain,
+                                 s_v=shape["K"], **{d: shape[d] for d in ("H", "HV", "K", "V")}),
+                            num_warps=1, divisible=lptrs + ("s_slot", "s_h", "is_slot"))
+
+    def prep(name, T, gate, shape, hb):  # as recurrent._launch_lanes launches it (prep_heads_per_program)
+        return KernelConfig(name, token_prep_kernel,
+                            dict(T=T, GATE=gate, L2NORM=True, BVR=shape["V"], HB=hb, **shape), num_warps=2 if hb == 8 else 1,
+                            divisible=("q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "qn_ptr", "kn_ptr", "d_ptr", "bq_ptr",
+                                       "replay_ptr"))
+
+    out += [prep(f"token_prep_{g}_hb{hb}", T, gate, shape, hb) for g, T, gate, shape in (
+        ("gdn_t5", 5, GATE_GDN, gdn), ("kda_t4", 4, GATE_KDA_SAFE, kda)) for hb in (1, 2, 4, 8)
+        if hb <= prep_heads_per_program(shape["HV"])]
+    out += [lanes("gdn_lanes_t5_bv16_kl8", 5, 16, 8, GATE_GDN, gdn),
+            lanes("kda_lanes_t4_bv16_kl8", 4, 16, 8, GATE_KDA_SAFE, kda),
+            lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False)]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
     # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
     from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel

@@ -19,6 +19,8 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     gated_delta_recurrent_kernel,
     gated_delta_verify_wide_kernel,
 )
+from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
+                                                       token_prep_kernel)
 from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
 from sgl_hybrid_kernel.platform import device_platform
 
@@ -31,8 +33,9 @@ class ValueTileTuning:
     ``B * HV * V / BV`` programs fill ``waves`` waves of the device. ``narrow_decode_per_cu``:
     decode on the V-major pool with a per-channel gate (KDA) keeps 4-column one-warp programs
     while there are at most this many per compute unit, and plain verify windows narrow theirs
-    until ``verify_waves`` waves (:func:`pick_wide_tile`). ``tuned`` is False for the default
-    built for a device no sweep has measured.
+    until ``verify_waves`` waves (:func:`pick_wide_tile`). ``lanes_per_cu``: plain verify windows
+    take the lanes kernel (:func:`pick_lanes_tile`) once its grid has at least this many programs
+    per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``. ``tuned`` is False for the default built for a device no sweep has measured.
     """
 
     name: str
@@ -42,6 +45,8 @@ class ValueTileTuning:
     source: str = ""
     narrow_decode_per_cu: int = 32
     verify_waves: int = 8
+    lanes_per_cu: int = 8
+    lanes_all_modes_per_cu: int = 64
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
@@ -49,7 +54,8 @@ class ValueTileTuning:
 VALUE_TILE_TUNED: Dict[Tuple[str, int], ValueTileTuning] = {
     ("sm90", 132): ValueTileTuning("sm90x132", 132, 2, True, "H200 sweeps 2026-11-29 (benchmark/kernels/sweep_value_tile.py) and "
                                    "2026-11-30 (bench_delta_rule.py --sweep-decode-batches / --sweep-verify-batches: "
-                                   "decode B = 1..128, verify B = 1..32)", 32, 8),
+                                   "decode B = 1..128, verify B = 1..32; the lanes kernel: --wide-variants BVx1kKL, "
+                                   "2026-11-30-h200-lanes_*.json)", 32, 8),
 }
 # What tests and benchmarks on the CPU interpreter use (no device to ask).
 INTERPRETER_TUNING = VALUE_TILE_TUNED[("sm90", 132)]
@@ -150,6 +156,7 @@ def gated_delta_recurrent_triton(
     wide: Optional[bool] = None,
     form: Optional[str] = None,
     dot_precision: Optional[str] = None,
+    key_lanes: Optional[int] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -185,6 +192,10 @@ def gated_delta_recurrent_triton(
             ``"recurrent"``.
         dot_precision: chunk form only: ``tl.dot`` input precision (default
             :func:`window_dot_precision`).
+        key_lanes: V-major pool, recurrent form: run the lanes kernel (``triton_lanes.py``: a
+            per-token prologue, then ``key_lanes`` lanes of the warp on the key axis and the rest on
+            ``value_tile`` columns); ``0``: the one-warp kernel. ``None``: :func:`pick_lanes_tile`
+            when ``value_tile`` is not given, else the one-warp kernel.
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -274,6 +285,19 @@ def gated_delta_recurrent_triton(
             raise ValueError(f"inter_state: the verify kernel needs the state pool's per-slot strides "
                              f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
         plain = not (save or deferred or fused_replay)
+        lanes = None
+        if state_layout == "vk":
+            if key_lanes is None and value_tile is None and state.stride(3) == 1 and state.dtype == torch.float32:
+                lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain)
+            elif key_lanes:
+                lanes = (value_tile or 16, int(key_lanes))
+        if lanes is not None:
+            _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state if save else None,
+                          inter_indices.to(idx_dtype) if save else None, replay_buffer if deferred else None,
+                          replay_prev if fused_replay else None, accept_prev.to(idx_dtype) if fused_replay else None,
+                          K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
+                          flags, T, kind, l2norm, plain, *lanes)
+            return o
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
@@ -303,6 +327,97 @@ def gated_delta_recurrent_triton(
         num_warps=warps,
     )
     return o
+
+
+def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes: int) -> bool:
+    """Whether the lanes kernel serves this shape: power-of-two ``K`` split in key blocks of
+    ``4 * key_lanes``, ``V`` a multiple of the power-of-two ``value_tile``."""
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    return (pow2(head_k_dim) and pow2(value_tile) and pow2(key_lanes) and key_lanes <= 32
+            and head_k_dim % (4 * key_lanes) == 0 and head_v_dim % value_tile == 0)
+
+
+def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: int, tokens: int,
+                    per_channel_decay: bool, tuning: Optional[ValueTileTuning] = None,
+                    plain: bool = True) -> Optional[Tuple[int, int]]:
+    """``(value_tile, key_lanes)`` of the lanes kernel (``triton_lanes.py``) for a step on the
+    V-major pool, or ``None`` for the one-warp kernel. Shapes outside the lanes kernel's contract
+    (:func:`lanes_shape_ok`) always take that ordinary path.
+
+    16 columns, 8 of the warp's lanes on the keys (16 keys each) and 4 on the columns (4 each):
+
+    * plain verify windows (``tokens > 1``, ``plain``), either gate, once the grid at 16 columns has at
+      least ``tuning.lanes_per_cu`` (8) programs per compute unit (H200: KDA 12 heads B >= 11, GDN 48
+      value heads B >= 3);
+    * the all-modes binary (snapshots, deferred commit, fused replay, :func:`replay_commit`) with a
+      per-head gate (GDN) from ``tuning.lanes_all_modes_per_cu`` (64) programs per compute unit (B >= 22).
+      Below that, the snapshot windows SGLang's verify writes were slower on the lanes kernel (B = 4 /
+      8 / 16: 23.71 -> 27.41, 44.65 -> 46.79, 86.06 -> 87.70 µs) while deferred ones were faster (B=16:
+      61.63 -> 43.97); from B = 32 snapshots are equal (168.20 -> 166.86). This choice ignores ``tokens``,
+      so a deferred window, the next window's fused replay and :func:`replay_commit` of it take the same
+      kernel and tile (bit-exact replay). KDA's all-modes windows stay on the one-warp kernel (not timed
+      on the lanes kernel).
+
+    Decode (``tokens == 1`` plain) stays on the one-warp kernel: the lanes kernel was 10-60 % slower
+    there at every batch (decode is at the state read + write floor already).
+
+    H200, 2026-11-30 (``2026-11-30-h200-lanes_final.json``, graph replay, states from HBM, µs, one-warp
+    kernel -> lanes): GDN verify T=5 B = 4 / 8 / 16 / 32 / 128: 12.35 -> 11.22, 22.02 -> 17.90,
+    41.19 -> 31.10, 77.23 -> 55.57, 288.57 -> 202.60; KDA verify T=4 B = 16 / 32 / 128: 10.92 -> 10.73,
+    19.06 -> 17.45, 66.67 -> 55.66 (B = 4 / 8, under 8 programs per SM: 5.45 -> 6.98, 7.41 -> 8.35, so
+    not taken); GDN deferred T=5 B=32: 117.00 -> 86.58, with the previous window's replay fused
+    132.94 -> 99.17. 32 columns and 4 key lanes were slower or equal in every row but one
+    (``2026-11-30-h200-lanes_sweep1.json``)."""
+    tuning = tuning or INTERPRETER_TUNING
+    if plain and tokens == 1:
+        return None
+    if not plain and per_channel_decay:
+        return None
+    bv, kl = 16, 8
+    if not lanes_shape_ok(head_k_dim, head_v_dim, bv, kl):
+        return None
+    per_cu = tuning.lanes_per_cu if plain else tuning.lanes_all_modes_per_cu
+    if batch * num_v_heads * triton.cdiv(head_v_dim, bv) < per_cu * tuning.num_compute_units:
+        return None
+    return bv, kl
+
+
+def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,
+                  replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL):
+    """The per-token prologue and the lanes kernel (``triton_lanes.py``) for one step."""
+    N, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    B = N // T
+    if not lanes_shape_ok(K, V, BV, KL):
+        raise ValueError(f"key_lanes={KL} / value_tile={BV}: the lanes kernel needs a power-of-two K divisible by "
+                         f"4 * key_lanes and V divisible by value_tile (K={K}, V={V})")
+    if state.stride(3) != 1 or state.dtype != torch.float32:
+        raise ValueError("key_lanes: the lanes kernel needs an FP32 V-major pool [slots, HV, V, K] with key stride 1")
+    per_channel = kind != GATE_GDN
+    dev = q.device
+    qn, kn = (torch.empty(N, H, K, device=dev, dtype=torch.float32) for _ in range(2))
+    dec = torch.empty((N, HV, K) if per_channel else (N, HV), device=dev, dtype=torch.float32)
+    bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
+    hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
+    token_prep_kernel[(N, HV // hb)](
+        q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
+        replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
+        replay_buffer.stride(0) if replay_buffer is not None else 0, 1 if replay_buffer is not None else 0,
+        T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm,
+        num_warps=2 if hb == 8 else 1,
+    )
+    s0, s1, s2, _ = state.stride()
+    gated_delta_verify_lanes_kernel[(V // BV, B * HV)](
+        qn, kn, dec, bq, v, o, state, state_indices,
+        inter_state if inter_state is not None else state,
+        inter_indices if inter_indices is not None else state_indices,
+        replay_prev if replay_prev is not None else bq,
+        accept_prev if accept_prev is not None else state_indices,
+        s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
+        replay_prev.stride(0) if replay_prev is not None else 0, flags,
+        T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(), PLAIN=plain,
+        num_warps=1,
+    )
 
 
 def window_value_tile(batch: int, num_v_heads: int, head_v_dim: int) -> int:
@@ -416,6 +531,7 @@ def replay_commit(
     lower_bound: Optional[float] = None,
     l2norm: bool = True,
     form: Optional[str] = None,
+    key_lanes: Optional[int] = None,
 ) -> None:
     """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
 
@@ -433,7 +549,7 @@ def replay_commit(
         accept_lens: ``[B]`` accepted tokens of the window, token 0 included (1..T).
         replay_buffer: the buffer the DEFERRED verify filled, ``[slots, T - 1, HV, RW]``.
         head_k_dim: ``K``; gate: ``"kda"`` or ``"gdn"``.
-        value_tile, num_warps, preload: the verify call's (``None``: the same defaults).
+        value_tile, num_warps, preload, key_lanes: the verify call's (``None``: the same defaults).
         num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
         activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
         form: the verify's ``form`` (``"chunk"``: the replay runs the chunk-form window kernel,
@@ -461,5 +577,5 @@ def replay_commit(
     dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
     gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
                                  state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
-                                 preload=preload, form=form,
+                                 preload=preload, form=form, key_lanes=key_lanes,
                                  out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)

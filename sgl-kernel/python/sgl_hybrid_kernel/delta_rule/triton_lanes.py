@@ -1,0 +1,288 @@
+"""Triton kernels: decode / verify windows of the gated delta rule with the warp's lanes split between
+the key and the value axis, fed by a per-token prologue (issue 4, 2026-11-30, ninth round).
+
+``gated_delta_verify_wide_kernel`` (triton_recurrent.py) puts all 32 lanes of its one warp on the key
+axis: every key reduction is a 5-level butterfly per value column, and every value-column program
+recomputes its token's L2 norms, gates and sigmoid. On the H200 its verify windows are issue-bound
+(Nsight Compute, GDN T=5 B=32: 50.6 M warp instructions, the schedulers busy 67 % of cycles), and
+those reductions are ~40 % of the instructions. Here:
+
+* :func:`token_prep_kernel` (one program per token and up to 8 value heads) computes each token's
+  inputs once: ``q / |q| * scale`` and ``k / |k|`` (FP32), the decay ``exp(g)`` (per head or per key
+  channel), ``beta = sigmoid(b)`` and ``beta * (q.k)``; in a deferred-commit window it also writes
+  tokens 1..T-1's replay records (``k``, decay, ``beta``, ``v``; FP32).
+* :func:`gated_delta_verify_lanes_kernel` keeps the ``[K, BV]`` state slice as a 3-D tile of key
+  blocks of ``KC = 4 * KL`` keys: with FP32 state loads of 4 keys per lane, ``KL`` lanes sit on the
+  keys and ``32 / KL`` on the value columns, so a key reduction sums ``K / KL`` products in-thread
+  and needs ``log2(KL)`` shuffle levels for all of a lane's columns at once. The per-token vectors
+  are loaded as broadcasts of that tile (stride 0 along the columns, FP32 like the state), so they
+  take the state's register layout without a conversion.
+
+Which of the two non-contiguous axes (key blocks, value columns) the lanes go to is decided by
+Triton's coalescing pass, whose tie-break changed between versions: 3.6 orders equal axes by
+increasing index, 3.7 and 3.8 by decreasing index. ``V_FIRST`` puts the value axis where the
+installed version sends the lanes (``lanes_v_first``); both arrangements compute the same thing.
+
+All modes of a window -- plain, per-token snapshots, deferred commit, fused replay of the previous
+window, :func:`recurrent.replay_commit` -- run one binary (``flags`` at run time; ``PLAIN`` compiles
+them out for plain windows), and verify and replay apply a token by the same ``_lanes_update`` on the
+same FP32 values (the records hold exactly what the verify consumed), so a replayed state equals the
+snapshot bit for bit. The layout and the prologue's values differ from the one-warp kernel's, so the
+two kernels agree to FP32 rounding, not bit for bit: every call of one window must take the same
+kernel (the wrapper's defaults do).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import _softplus
+
+
+def lanes_v_first() -> bool:
+    """``V_FIRST`` for the installed Triton (see the module docstring): True before 3.7."""
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return (major, minor) < (3, 7)
+
+
+@triton.jit(do_not_specialize=["flags"])
+def token_prep_kernel(
+    q_ptr,  # [N, H, K]
+    k_ptr,  # [N, H, K]
+    v_ptr,  # [N, HV, V]
+    f_ptr,  # [N, HV, K] (KDA) or [N, HV] (GDN): raw gate input
+    b_ptr,  # [N, HV] raw beta
+    A_log_ptr,  # [HV]
+    dt_bias_ptr,  # [HV * K] (KDA) or [HV]
+    state_idx_ptr,  # [B] slot per request (< 0: padding row, no record)
+    qn_ptr,  # out [N, H, K] FP32: q / |q| * scale
+    kn_ptr,  # out [N, H, K] FP32: k / |k|
+    d_ptr,  # out [N, HV] (GDN) or [N, HV, K] (KDA) FP32: decay exp(g)
+    bq_ptr,  # out [N, HV, 2] FP32: beta, beta * (q_hat . k_hat)
+    replay_ptr,  # out (flags & 1): [slots, T - 1, HV, K + GK + 1 + V] FP32 records of tokens 1..T-1
+    scale,
+    lower_bound,
+    r_slot,
+    flags,  # 1: write the replay records
+    T: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BVR: tl.constexpr,  # next power of two of V (the record's value row)
+    HB: tl.constexpr,  # value heads per program (prep_heads_per_program)
+    GATE: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    """One program per (token, ``HB`` value heads): the per-token inputs of
+    :func:`gated_delta_verify_lanes_kernel` as ``[HB, K]`` tiles (formulas of
+    ``gated_delta_verify_wide_kernel``; gate kinds as in triton_recurrent.py). q / k of a GVA group
+    are written by its first value head."""
+    n = tl.program_id(0)
+    o_hv = tl.program_id(1) * HB + tl.arange(0, HB)
+    m_h = o_hv < HV
+    o_h = o_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_hk = m_h[:, None] & m_k[None, :]
+    row = (n * H + o_h)[:, None] * K + o_k[None, :]
+    q = tl.load(q_ptr + row, mask=m_hk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + row, mask=m_hk, other=0.0).to(tl.float32)
+    if L2NORM:
+        q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+        k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+    q = q * scale
+    first = m_hk & ((o_hv % (HV // H)) == 0)[:, None]
+    tl.store(qn_ptr + row, q, mask=first)
+    tl.store(kn_ptr + row, k, mask=first)
+    beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + n * HV + o_hv, mask=m_h, other=0.0).to(tl.float32)))
+    tl.store(bq_ptr + (n * HV + o_hv) * 2, beta, mask=m_h)
+    tl.store(bq_ptr + (n * HV + o_hv) * 2 + 1, beta * tl.sum(q * k, axis=1), mask=m_h)
+    A = tl.exp(tl.load(A_log_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32))
+    if GATE == 2:
+        f = tl.load(f_ptr + n * HV + o_hv, mask=m_h, other=0.0).to(tl.float32)
+        d = tl.exp(-A * _softplus(f + tl.load(dt_bias_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32)))
+        tl.store(d_ptr + n * HV + o_hv, d, mask=m_h)
+    else:
+        hk = o_hv[:, None] * K + o_k[None, :]
+        f = tl.load(f_ptr + n * HV * K + hk, mask=m_hk, other=0.0).to(tl.float32)
+        f = f + tl.load(dt_bias_ptr + hk, mask=m_hk, other=0.0).to(tl.float32)
+        if GATE == 1:
+            d = tl.exp(lower_bound / (1.0 + tl.exp(-A[:, None] * f)))
+        else:
+            d = tl.exp(-A[:, None] * _softplus(f))
+        tl.store(d_ptr + n * HV * K + hk, d, mask=m_hk)
+    t = n % T
+    if (flags & 1) != 0 and t > 0:
+        slot = tl.load(state_idx_ptr + n // T).to(tl.int64)
+        if slot >= 0:
+            GK: tl.constexpr = 1 if GATE == 2 else K
+            rec = replay_ptr + slot * r_slot + ((t - 1) * HV + o_hv) * (K + GK + 1 + V)  # [HB] record starts
+            tl.store(rec[:, None] + o_k[None, :], k, mask=m_hk)
+            if GATE == 2:
+                tl.store(rec + K, d, mask=m_h)
+            else:
+                tl.store(rec[:, None] + K + o_k[None, :], d, mask=m_hk)
+            tl.store(rec + K + GK, beta, mask=m_h)
+            o_r = tl.arange(0, BVR)
+            m_hr = m_h[:, None] & (o_r < V)[None, :]
+            vr = tl.load(v_ptr + (n * HV + o_hv)[:, None] * V + o_r[None, :], mask=m_hr, other=0.0).to(tl.float32)
+            tl.store(rec[:, None] + (K + GK + 1) + o_r[None, :], vr, mask=m_hr)
+
+
+def prep_heads_per_program(num_v_heads: int, num_tokens: int = 1 << 30, num_compute_units: int = 132) -> int:
+    """``HB`` of :func:`token_prep_kernel`: the largest power of two dividing ``num_v_heads``, at most 8
+    (Qwen3.8's 48 value heads: 8; Kimi K3 TP8's 12: 4), halved while the grid has fewer than 4 programs
+    per compute unit (few tokens: more, smaller programs; H200, 2026-11-30: KDA B=16 / 32 verify 0.5-0.7 µs
+    slower with 4 heads per program than with 1)."""
+    hb = min(8, num_v_heads & -num_v_heads)
+    while hb > 1 and num_tokens * (num_v_heads // hb) < 4 * num_compute_units:
+        hb //= 2
+    return hb
+
+
+@triton.jit
+def _lanes_sum(x, V_FIRST: tl.constexpr):
+    """Sum a state-shaped tile over its two key axes (the in-thread key blocks first): ``[BV]``."""
+    if V_FIRST:  # [BV, KB, KC]
+        return tl.sum(tl.sum(x, axis=1), axis=1)
+    else:  # [KB, BV, KC]
+        return tl.sum(tl.sum(x, axis=0), axis=1)
+
+
+@triton.jit
+def _lanes_col(x, V_FIRST: tl.constexpr):
+    """A ``[BV]`` column vector broadcast against the state tile."""
+    if V_FIRST:
+        return x[:, None, None]
+    else:
+        return x[None, :, None]
+
+
+@triton.jit
+def _lanes_update(S, k, v, d, beta, V_FIRST: tl.constexpr):
+    """One token of the delta rule on the state tile: ``k`` (and a per-channel ``d``) are broadcast
+    tiles of the state's shape, ``v`` the ``[BV]`` value tile, ``beta`` a scalar. Returns the new
+    state, the decayed state ``S'`` and ``err = v - k.S'``. Shared by verify and replay (bit-exact)."""
+    Sd = S * d
+    err = v - _lanes_sum(Sd * k, V_FIRST)
+    return Sd + k * _lanes_col(beta * err, V_FIRST), Sd, err
+
+
+@triton.jit(do_not_specialize=["r_slot", "flags"])
+def gated_delta_verify_lanes_kernel(
+    qn_ptr,  # [N, H, K] FP32 (token_prep_kernel)
+    kn_ptr,  # [N, H, K] FP32
+    d_ptr,  # [N, HV] or [N, HV, K] FP32 decay
+    bq_ptr,  # [N, HV, 2] FP32 beta, beta * (q.k)
+    v_ptr,  # [N, HV, V]
+    o_ptr,  # [N, HV, V] output
+    state_ptr,  # V-major pool [slots, HV, V, K], key stride 1
+    state_idx_ptr,  # [B] slot per request (< 0: padding row: zero outputs, no state read)
+    inter_ptr,  # FLAG_SAVE_INTER: snapshot pool with the state pool's per-slot strides
+    inter_idx_ptr,  # [N] snapshot slot per token (< 0: skip)
+    replay_prev_ptr,  # FLAG_REPLAY_PREV: the previous window's records
+    accept_prev_ptr,  # FLAG_REPLAY_PREV: [B] tokens accepted of the previous window (1..T)
+    s_slot,
+    s_h,
+    s_v: tl.constexpr,
+    is_slot,
+    r_slot,
+    flags,  # FLAG_COMMIT 1 | FLAG_SAVE_INTER 2 | FLAG_DEFERRED 4 | FLAG_REPLAY_PREV 8 (triton_recurrent.py)
+    T: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    KL: tl.constexpr,  # lanes on the key axis (key blocks of 4 * KL keys)
+    PER_CHANNEL: tl.constexpr,  # decay per key channel (KDA) or per head (GDN)
+    V_FIRST: tl.constexpr,  # tile [BV, KB, KC] instead of [KB, BV, KC] (lanes_v_first)
+    PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
+):
+    """Decode / verify window of ``T`` tokens for one (request, value head, ``BV`` columns), one warp.
+    Needs ``K % (4 * KL) == 0``, ``V % BV == 0`` and a key-contiguous pool (the wrapper checks).
+    Token ``t``: ``S' = d_t S``, ``err = v_t - k_t.S'``, ``o_t = q_t.S' + beta_t (q_t.k_t) err``,
+    ``S = S' + beta_t k_t err^T``. Deferred commit stores the state after token 0 in the slot (the
+    records come from the prologue); the fused replay first applies the previous window's accepted
+    records 1..n-1 to the slot's state."""
+    KC: tl.constexpr = 4 * KL
+    KB: tl.constexpr = K // KC
+    GK: tl.constexpr = K if PER_CHANNEL else 1
+    RW: tl.constexpr = K + GK + 1 + V
+    COMMIT = (flags & 1) != 0
+    SAVE_INTER = (flags & 2) != 0
+    DEFERRED = (flags & 4) != 0
+    REPLAY_PREV = (flags & 8) != 0
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_c = tl.arange(0, BV)
+    o_v = i_v * BV + o_c
+    if V_FIRST:
+        kidx = tl.arange(0, KB)[None, :, None] * KC + tl.arange(0, KC)[None, None, :] + o_c[:, None, None] * 0
+        off = i_hv * s_h + o_v[:, None, None] * s_v + kidx
+    else:
+        kidx = tl.arange(0, KB)[:, None, None] * KC + tl.arange(0, KC)[None, None, :] + o_c[None, :, None] * 0
+        off = i_hv * s_h + o_v[None, :, None] * s_v + kidx
+
+    slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
+    if slot < 0:
+        for t in range(T):
+            n = i_b * T + t
+            tl.store(o_ptr + (n * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty))
+        return
+    p_s = state_ptr + slot * s_slot + off
+    S = tl.load(p_s).to(tl.float32)
+    if not PLAIN:
+        if REPLAY_PREV:
+            rbase = replay_prev_ptr + slot * r_slot
+            for r in range(tl.load(accept_prev_ptr + i_b).to(tl.int32) - 1):
+                rec = rbase + (r * HV + i_hv) * RW
+                if PER_CHANNEL:
+                    dr = tl.load(rec + K + kidx)
+                else:
+                    dr = tl.load(rec + K)
+                S, _, _ = _lanes_update(S, tl.load(rec + kidx), tl.load(rec + K + GK + 1 + o_v), dr, tl.load(rec + K + GK),
+                                        V_FIRST)
+    n = i_b * T
+    q = tl.load(qn_ptr + (n * H + i_h) * K + kidx)
+    k = tl.load(kn_ptr + (n * H + i_h) * K + kidx)
+    if PER_CHANNEL:
+        d = tl.load(d_ptr + (n * HV + i_hv) * K + kidx)
+    else:
+        d = tl.load(d_ptr + n * HV + i_hv)
+    beta = tl.load(bq_ptr + (n * HV + i_hv) * 2)
+    bqk = tl.load(bq_ptr + (n * HV + i_hv) * 2 + 1)
+    v = tl.load(v_ptr + (n * HV + i_hv) * V + o_v).to(tl.float32)
+    for t in tl.static_range(T):
+        n = i_b * T + t
+        if t + 1 < T:  # the next token's loads go out before this token's chain
+            qx = tl.load(qn_ptr + ((n + 1) * H + i_h) * K + kidx)
+            kx = tl.load(kn_ptr + ((n + 1) * H + i_h) * K + kidx)
+            if PER_CHANNEL:
+                dx = tl.load(d_ptr + ((n + 1) * HV + i_hv) * K + kidx)
+            else:
+                dx = tl.load(d_ptr + (n + 1) * HV + i_hv)
+            betax = tl.load(bq_ptr + ((n + 1) * HV + i_hv) * 2)
+            bqkx = tl.load(bq_ptr + ((n + 1) * HV + i_hv) * 2 + 1)
+            vx = tl.load(v_ptr + ((n + 1) * HV + i_hv) * V + o_v).to(tl.float32)
+        S, Sd, err = _lanes_update(S, k, v, d, beta, V_FIRST)
+        o = _lanes_sum(Sd * q, V_FIRST) + bqk * err
+        tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
+        if not PLAIN:
+            if SAVE_INTER:
+                islot = tl.load(inter_idx_ptr + n).to(tl.int64)
+                if islot >= 0:
+                    tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty))
+            if t == 0:
+                if DEFERRED:
+                    tl.store(p_s, S.to(p_s.dtype.element_ty))
+        if t + 1 < T:
+            q, k, d, beta, bqk, v = qx, kx, dx, betax, bqkx, vx
+    if COMMIT:
+        tl.store(p_s, S.to(p_s.dtype.element_ty))

@@ -1,0 +1,204 @@
+"""The lanes kernel (``delta_rule/triton_lanes.py``, issue 4): per-token prologue + a state tile with the
+warp's lanes split between keys and value columns. Triton interpreter, FP32, tiny shapes; fla's naive
+recurrences as the outside oracle; bit-exact deferred commit across its modes; the tile rule; and, for
+the installed Triton, that the compiled state tile really puts lanes on the value axis."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+from fla.ops.kda.gate import naive_kda_lowerbound_gate
+from fla.ops.kda.naive import naive_recurrent_kda
+
+import sgl_hybrid_kernel.delta_rule.recurrent as rec
+from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, pick_lanes_tile, replay_commit
+from sgl_hybrid_kernel.gdn import gdn_gate
+from sgl_hybrid_kernel.norm import l2_norm
+
+NAN = float("nan")
+
+
+def _batch(gen, B, T, H, HV, K, V, gate):
+    N = B * T
+    q, k = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen)
+    v = torch.randn(N, HV, V, generator=gen)
+    f = torch.randn(N, HV, generator=gen) if gate == "gdn" else torch.randn(N, HV, K, generator=gen)
+    b = torch.randn(N, HV, generator=gen)
+    A = torch.rand(HV, generator=gen)
+    dtb = torch.randn(HV if gate == "gdn" else HV * K, generator=gen)
+    return q, k, v, f, b, A, dtb
+
+
+def _naive(gate, q, k, v, f, b, A, dtb, lb, S0, G):
+    """fla's naive recurrence for one request's window (V-major pool slice ``S0`` [HV, V, K])."""
+    qq, kk = l2_norm(q).repeat_interleave(G, 1), l2_norm(k).repeat_interleave(G, 1)
+    s0 = S0.transpose(-1, -2)[None]  # fla: [K, V]
+    if gate == "kda":
+        o, S = naive_recurrent_kda(qq[None], kk[None], v[None], naive_kda_lowerbound_gate(f, A, dtb, lower_bound=lb)[None],
+                                   torch.sigmoid(b)[None], initial_state=s0, output_final_state=True)
+    else:
+        o, S = naive_recurrent_gated_delta_rule(qq[None], kk[None], v[None], torch.sigmoid(b)[None], gdn_gate(f, A, dtb)[None],
+                                                initial_state=s0, output_final_state=True)
+    return o[0], S[0].transpose(-1, -2)
+
+
+@pytest.mark.parametrize("v_first", [False, True])
+@pytest.mark.parametrize("gate,T,value_tile,key_lanes,commit", [("gdn", 3, 8, 2, True), ("kda", 4, 16, 4, False),
+                                                                ("gdn", 1, 16, 8, True), ("kda", 2, 4, 1, True)])
+def test_lanes_kernel_matches_fla_naive(monkeypatch, v_first, gate, T, value_tile, key_lanes, commit):
+    """Outputs and committed states against fla's naive recurrences: GVA for GDN, a padding row whose
+    slot holds NaN (zeros out, pool untouched), both tile arrangements (``V_FIRST``)."""
+    monkeypatch.setattr(rec, "lanes_v_first", lambda: v_first)
+    gen = torch.Generator().manual_seed(21)
+    B, H, K, V = 3, 2, 32, 32
+    HV = 4 if gate == "gdn" else H
+    q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, gate)
+    pool = torch.randn(5, HV, V, K, generator=gen) * 0.5
+    pool[1] = NAN
+    before = pool.clone()
+    idx = torch.tensor([3, -1, 0], dtype=torch.int32)
+    lb = -5.0 if gate == "kda" else None
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, state_layout="vk", commit=commit,
+                                     value_tile=value_tile, key_lanes=key_lanes)
+    assert (o[T:2 * T] == 0).all() and not o.isnan().any()
+    assert pool[1].isnan().all()
+    for i, s in enumerate(idx.tolist()):
+        if s < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        ro, rS = _naive(gate, q[sl], k[sl], v[sl], f[sl], b[sl], A, dtb, lb, before[s], HV // H)
+        torch.testing.assert_close(o[sl], ro, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pool[s], rS if commit else before[s], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_lanes_deferred_commit_is_bit_exact_against_snapshots(gate):
+    """One binary for every mode: the deferred verify's outputs equal the snapshot verify's, the state
+    that replay_commit rebuilds from the records equals the snapshot of the last accepted token, and a
+    next window with the replay fused equals a plain window started from those snapshots; bit for bit.
+    A padding row keeps its NaN slot untouched and writes no record."""
+    gen = torch.Generator().manual_seed(22)
+    B, T, H, K, V, bv, kl = 4, 4, 2, 32, 16, 8, 4
+    HV = 4 if gate == "gdn" else H
+    lb = -5.0 if gate == "kda" else None
+    w1, w2 = _batch(gen, B, T, H, HV, K, V, gate), _batch(gen, B, T, H, HV, K, V, gate)
+    A, dtb = w1[5], w1[6]
+    pool = torch.randn(7, HV, V, K, generator=gen) * 0.3
+    pool[6] = NAN
+    idx = torch.tensor([2, 6, 0, 5], dtype=torch.int32)
+    idx_pad = torch.tensor([2, -1, 0, 5], dtype=torch.int32)
+    acc = torch.tensor([1, 2, 4, 3], dtype=torch.int32)
+    kw = dict(state_layout="vk", value_tile=bv, key_lanes=kl)
+    N = B * T
+    inter = torch.zeros(N, HV, V, K)
+    o_s = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx_pad, T, gate, lb, commit=False, inter_state=inter,
+                                       inter_indices=torch.arange(N, dtype=torch.int32), **kw)
+    gk = 1 if gate == "gdn" else K
+    rb1, rb2 = (torch.full((7, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
+    p_def = pool.clone()
+    o_d = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx_pad, T, gate, lb, replay_buffer=rb1, **kw)
+    assert torch.equal(o_s, o_d)
+    assert rb1[6].isnan().all() and p_def[6].isnan().all()  # the padding row's slot: no record, no state
+    p_fused = p_def.clone()
+    replay_commit(p_def, idx_pad, acc, rb1, K, gate, state_layout="vk", value_tile=bv, key_lanes=kl, num_k_heads=H,
+                  activation_dtype=torch.float32, lower_bound=lb)
+    live = [i for i, s in enumerate(idx_pad.tolist()) if s >= 0]
+    for i in live:
+        assert torch.equal(p_def[int(idx[i])], inter[i * T + int(acc[i]) - 1])
+    p_ref = pool.clone()
+    for i in live:
+        p_ref[int(idx[i])] = inter[i * T + int(acc[i]) - 1]
+    o2_ref = gated_delta_recurrent_triton(*w2[:5], A, dtb, p_ref, idx_pad, T, gate, lb, commit=True, **kw)
+    o2_f = gated_delta_recurrent_triton(*w2[:5], A, dtb, p_fused, idx_pad, T, gate, lb, replay_buffer=rb2, replay_prev=rb1,
+                                        accept_prev=acc, **kw)
+    assert torch.equal(o2_ref, o2_f)
+    # and the lanes kernel agrees with the one-warp kernel to FP32 rounding (different summation order)
+    o_w = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx_pad, T, gate, lb, state_layout="vk", commit=False,
+                                       value_tile=bv, key_lanes=0)
+    torch.testing.assert_close(o_s, o_w, rtol=1e-5, atol=1e-6)
+
+
+def test_lanes_tile_rule_follows_the_h200_sweep():
+    """16 columns x 8 key lanes: plain verify windows of either gate from 8 programs per SM at 16 columns
+    (132 SMs: B * HV >= 132), GDN's all-modes windows from 64 (B * HV >= 1056) at any T; never decode,
+    never KDA's all-modes windows, never a shape outside the kernel's contract."""
+    kda = [pick_lanes_tile(b, 12, 128, 128, 4, True) for b in (4, 8, 10, 11, 16, 32, 128)]
+    assert kda == [None, None, None, (16, 8), (16, 8), (16, 8), (16, 8)]
+    gdn = [pick_lanes_tile(b, 48, 128, 128, 5, False) for b in (1, 2, 3, 4, 32)]
+    assert gdn == [None, None, (16, 8), (16, 8), (16, 8)]
+    assert pick_lanes_tile(128, 12, 128, 128, 1, True) is None and pick_lanes_tile(128, 48, 128, 128, 1, False) is None
+    assert [pick_lanes_tile(22, 48, 128, 128, t, False, plain=False) for t in (1, 5, 8)] == [(16, 8)] * 3
+    assert pick_lanes_tile(21, 48, 128, 128, 5, False, plain=False) is None
+    assert pick_lanes_tile(32, 12, 128, 128, 4, True, plain=False) is None
+    assert pick_lanes_tile(32, 48, 128, 96, 5, False) is None and pick_lanes_tile(32, 48, 120, 128, 5, False) is None
+
+
+def test_wrapper_takes_the_lanes_kernel_by_the_rule(monkeypatch):
+    """Serving shapes (interpreter = the H200 table), kernels replaced by spies: plain GDN verify at B=32
+    and KDA at B=16 launch the prologue and the lanes kernel (16 columns, 8 key lanes, PLAIN); GDN
+    deferred verify, its fused replay and replay_commit launch the same lanes binary; KDA verify at
+    B=8, decode and an explicit ``value_tile`` keep the one-warp kernel."""
+    launched = []
+
+    class Spy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append((self.name, kw.get("BV"), kw.get("KL"), kw.get("PLAIN")))
+
+    for name in ("gated_delta_verify_lanes_kernel", "token_prep_kernel", "gated_delta_verify_wide_kernel"):
+        monkeypatch.setattr(rec, name, Spy(name))
+    gen = torch.Generator().manual_seed(23)
+
+    def launch(B, T, H, HV, gate, **kw):
+        q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, 128, 128, gate)
+        pool = torch.zeros(B, HV, 128, 128)
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.arange(B, dtype=torch.int32), T, gate,
+                                     -5.0 if gate == "kda" else None, state_layout="vk", **kw)
+
+    launch(32, 5, 16, 48, "gdn", commit=False)
+    launch(16, 4, 12, 12, "kda", commit=False)
+    assert launched == [("token_prep_kernel", None, None, None), ("gated_delta_verify_lanes_kernel", 16, 8, True)] * 2
+    launched.clear()
+    rb = [torch.zeros(32, 4, 48, 128 + 1 + 1 + 128) for _ in range(2)]
+    launch(32, 5, 16, 48, "gdn", replay_buffer=rb[0])
+    launch(32, 5, 16, 48, "gdn", replay_buffer=rb[1], replay_prev=rb[0], accept_prev=torch.full((32,), 2, dtype=torch.int32))
+    replay_commit(torch.zeros(32, 48, 128, 128), torch.arange(32, dtype=torch.int32), torch.full((32,), 2), rb[1], 128, "gdn",
+                  state_layout="vk", num_k_heads=16)
+    assert launched == [("token_prep_kernel", None, None, None), ("gated_delta_verify_lanes_kernel", 16, 8, False)] * 3
+    launched.clear()
+    launch(8, 4, 12, 12, "kda", commit=False)
+    launch(32, 1, 16, 48, "gdn", commit=True)
+    launch(32, 5, 16, 48, "gdn", commit=False, value_tile=8)
+    assert [name for name, *_ in launched] == ["gated_delta_verify_wide_kernel"] * 3
+
+
+def test_lanes_kernel_refuses_shapes_outside_its_contract():
+    gen = torch.Generator().manual_seed(24)
+    q, k, v, f, b, A, dtb = _batch(gen, 2, 2, 2, 2, 24, 16, "gdn")
+    with pytest.raises(ValueError, match="key_lanes"):
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, torch.zeros(2, 2, 16, 24), torch.arange(2), 2, "gdn",
+                                     state_layout="vk", value_tile=8, key_lanes=4)
+
+
+def test_installed_triton_puts_lanes_on_the_value_axis():
+    """Speed, not correctness: with the installed Triton's coalescing (``lanes_v_first``), the state tile of
+    the served config compiles (sm_90) to 8 lanes on the keys and 4 on the value columns; the other
+    arrangement would put every lane on the keys (Triton 3.6 and 3.7+ break the tie between the two
+    non-contiguous axes in opposite directions). Compiled in a subprocess: this suite runs the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from sgl_hybrid_kernel.compile_gate import blocked_layouts; "
+            "from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_v_first; "
+            "print(lanes_v_first(), [t for s, t in blocked_layouts('gdn_lanes_t5_bv16_kl8') if len(t) == 3])")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    v_first, three_d = res.stdout.split(" ", 1)
+    three_d = ast.literal_eval(three_d)
+    assert three_d, "no 3-D state layout in the compiled kernel"
+    v_axis = 0 if v_first == "True" else 1
+    assert all(t[2] == 8 and t[v_axis] == 4 for t in three_d), three_d
