@@ -25,7 +25,8 @@ from typing import Callable, Dict, List, Optional
 
 TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64), "sm90": ("cuda", 90, 32)}
 FLOAT_SCALARS = {"scale", "lower_bound", "eps"}
-INDEX_POINTERS = {"state_idx_ptr", "inter_idx_ptr", "ckpt_idx_ptr", "cu_ptr", "has_init_ptr", "accept_ptr", "count_ptr"}
+INDEX_POINTERS = {"state_idx_ptr", "inter_idx_ptr", "ckpt_idx_ptr", "cu_ptr", "has_init_ptr", "accept_ptr", "count_ptr",
+                  "accept_prev_ptr"}
 ACTIVATION_POINTERS = {"q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "o_ptr", "x_ptr", "gate_ptr", "out_ptr"}
 
 

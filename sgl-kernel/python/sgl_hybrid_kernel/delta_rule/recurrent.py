@@ -157,6 +157,7 @@ def gated_delta_recurrent_triton(
     form: Optional[str] = None,
     dot_precision: Optional[str] = None,
     key_lanes: Optional[int] = None,
+    num_stages: Optional[int] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -196,6 +197,8 @@ def gated_delta_recurrent_triton(
             per-token prologue, then ``key_lanes`` lanes of the warp on the key axis and the rest on
             ``value_tile`` columns); ``0``: the one-warp kernel. ``None``: :func:`pick_lanes_tile`
             when ``value_tile`` is not given, else the one-warp kernel.
+        num_stages: lanes kernel: software-pipelining stages of its runtime replay loop (default 1, as
+            the compile gate compiles it; 1, 2 and 3 ran at the same speed on the H200, 2026-11-30).
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -296,7 +299,7 @@ def gated_delta_recurrent_triton(
                           inter_indices.to(idx_dtype) if save else None, replay_buffer if deferred else None,
                           replay_prev if fused_replay else None, accept_prev.to(idx_dtype) if fused_replay else None,
                           K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
-                          flags, T, kind, l2norm, plain, *lanes)
+                          flags, T, kind, l2norm, plain, *lanes, num_stages=num_stages or 1)
             return o
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
@@ -383,7 +386,7 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
 
 
 def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,
-                  replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL):
+                  replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL, num_stages=1):
     """The per-token prologue and the lanes kernel (``triton_lanes.py``) for one step."""
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -416,7 +419,7 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
         s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
         replay_prev.stride(0) if replay_prev is not None else 0, flags,
         T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(), PLAIN=plain,
-        num_warps=1,
+        num_warps=1, num_stages=num_stages,
     )
 
 
