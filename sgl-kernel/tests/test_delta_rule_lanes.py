@@ -122,6 +122,36 @@ def test_lanes_deferred_commit_is_bit_exact_against_snapshots(gate):
     torch.testing.assert_close(o_s, o_w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+@pytest.mark.parametrize("verify_lanes,replay_lanes", [(4, 0), (0, 4)])
+def test_replay_records_work_across_kernels(gate, verify_lanes, replay_lanes):
+    """Both kernels write the same record format (k, log decay, beta, v), so a window verified by one
+    kernel and replayed by the other (the batch, hence the rule's choice, changed in between) rebuilds the
+    accepted state: equal to the snapshots to FP32 rounding (bit for bit only within one kernel)."""
+    gen = torch.Generator().manual_seed(25)
+    B, T, H, K, V, bv = 3, 4, 2, 32, 16, 8
+    HV = 4 if gate == "gdn" else H
+    lb = -5.0 if gate == "kda" else None
+    q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, K, V, gate)
+    pool = torch.randn(4, HV, V, K, generator=gen) * 0.3
+    idx = torch.tensor([3, 0, 2], dtype=torch.int32)
+    acc = torch.tensor([2, 4, 3], dtype=torch.int32)
+    N = B * T
+    inter = torch.zeros(N, HV, V, K)
+    gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool.clone(), idx, T, gate, lb, state_layout="vk", commit=False,
+                                 inter_state=inter, inter_indices=torch.arange(N, dtype=torch.int32), value_tile=bv,
+                                 key_lanes=verify_lanes)
+    gk = 1 if gate == "gdn" else K
+    rb = torch.zeros(4, T - 1, HV, K + gk + 1 + V)
+    p = pool.clone()
+    gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb,
+                                 value_tile=bv, key_lanes=verify_lanes)
+    replay_commit(p, idx, acc, rb, K, gate, state_layout="vk", value_tile=bv, key_lanes=replay_lanes, num_k_heads=H,
+                  activation_dtype=torch.float32, lower_bound=lb)
+    for i, s in enumerate(idx.tolist()):
+        torch.testing.assert_close(p[s], inter[i * T + int(acc[i]) - 1], rtol=1e-5, atol=1e-5)
+
+
 def test_lanes_tile_rule_follows_the_h200_sweep():
     """16 columns x 8 key lanes: plain verify windows of either gate from 8 programs per SM at 16 columns
     (132 SMs: B * HV >= 132), GDN's all-modes windows from 64 (B * HV >= 1056) at any T; never decode,

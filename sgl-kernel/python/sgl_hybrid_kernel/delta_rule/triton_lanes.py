@@ -8,9 +8,11 @@ recomputes its token's L2 norms, gates and sigmoid. On the H200 its verify windo
 those reductions are ~40 % of the instructions. Here:
 
 * :func:`token_prep_kernel` (one program per token and up to 8 value heads) computes each token's
-  inputs once: ``q / |q| * scale`` and ``k / |k|`` (FP32), the decay ``exp(g)`` (per head or per key
-  channel), ``beta = sigmoid(b)`` and ``beta * (q.k)``; in a deferred-commit window it also writes
-  tokens 1..T-1's replay records (``k``, decay, ``beta``, ``v``; FP32).
+  inputs once: ``q / |q| * scale`` and ``k / |k|`` (FP32), the log decay ``g`` (per head) or the decay
+  ``exp(g)`` (per key channel), ``beta = sigmoid(b)`` and ``beta * (q.k)``; in a deferred-commit window
+  it also writes tokens 1..T-1's replay records in the one-warp kernel's format (``k``, ``g``, ``beta``,
+  ``v``; FP32), so a window whose batch changes kernels between verify and replay still replays
+  correctly (to FP32 rounding).
 * :func:`gated_delta_verify_lanes_kernel` keeps the ``[K, BV]`` state slice as a 3-D tile of key
   blocks of ``KC = 4 * KL`` keys: with FP32 state loads of 4 keys per lane, ``KL`` lanes sit on the
   keys and ``32 / KL`` on the value columns, so a key reduction sums ``K / KL`` products in-thread
@@ -26,8 +28,10 @@ installed version sends the lanes (``lanes_v_first``); both arrangements compute
 All modes of a window -- plain, per-token snapshots, deferred commit, fused replay of the previous
 window, :func:`recurrent.replay_commit` -- run one binary (``flags`` at run time; ``PLAIN`` compiles
 them out for plain windows), and verify and replay apply a token by the same ``_lanes_update`` on the
-same FP32 values (the records hold exactly what the verify consumed), so a replayed state equals the
-snapshot bit for bit. The layout and the prologue's values differ from the one-warp kernel's, so the
+same FP32 values (the records hold what the verify consumed: the verify takes ``exp`` of the per-head
+log decay in this kernel, as the replay does of the record's; a per-channel decay is computed by the
+prologue and, for a record, by this kernel, the same elementwise ``exp`` of the same value), so a
+replayed state equals the snapshot bit for bit. The layout and the prologue's values differ from the one-warp kernel's, so the
 two kernels agree to FP32 rounding, not bit for bit: every call of one window must take the same
 kernel (the wrapper's defaults do).
 """
@@ -58,9 +62,9 @@ def token_prep_kernel(
     state_idx_ptr,  # [B] slot per request (< 0: padding row, no record)
     qn_ptr,  # out [N, H, K] FP32: q / |q| * scale
     kn_ptr,  # out [N, H, K] FP32: k / |k|
-    d_ptr,  # out [N, HV] (GDN) or [N, HV, K] (KDA) FP32: decay exp(g)
+    d_ptr,  # out FP32: GDN [N, HV] log decay g; KDA [N, HV, K] decay exp(g)
     bq_ptr,  # out [N, HV, 2] FP32: beta, beta * (q_hat . k_hat)
-    replay_ptr,  # out (flags & 1): [slots, T - 1, HV, K + GK + 1 + V] FP32 records of tokens 1..T-1
+    replay_ptr,  # out (flags & 1): [slots, T - 1, HV, K + GK + 1 + V] FP32 records of tokens 1..T-1 (k, g, beta, v)
     scale,
     lower_bound,
     r_slot,
@@ -101,19 +105,19 @@ def token_prep_kernel(
     tl.store(bq_ptr + (n * HV + o_hv) * 2, beta, mask=m_h)
     tl.store(bq_ptr + (n * HV + o_hv) * 2 + 1, beta * tl.sum(q * k, axis=1), mask=m_h)
     A = tl.exp(tl.load(A_log_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32))
-    if GATE == 2:
+    if GATE == 2:  # the scalar log decay: the lanes kernel takes exp of it (as of a record's, bit-exact replay)
         f = tl.load(f_ptr + n * HV + o_hv, mask=m_h, other=0.0).to(tl.float32)
-        d = tl.exp(-A * _softplus(f + tl.load(dt_bias_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32)))
-        tl.store(d_ptr + n * HV + o_hv, d, mask=m_h)
-    else:
+        g = -A * _softplus(f + tl.load(dt_bias_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32))
+        tl.store(d_ptr + n * HV + o_hv, g, mask=m_h)
+    else:  # per key channel: the decay itself (an exponential per key and column in the lanes kernel would cost)
         hk = o_hv[:, None] * K + o_k[None, :]
         f = tl.load(f_ptr + n * HV * K + hk, mask=m_hk, other=0.0).to(tl.float32)
         f = f + tl.load(dt_bias_ptr + hk, mask=m_hk, other=0.0).to(tl.float32)
         if GATE == 1:
-            d = tl.exp(lower_bound / (1.0 + tl.exp(-A[:, None] * f)))
+            g = lower_bound / (1.0 + tl.exp(-A[:, None] * f))
         else:
-            d = tl.exp(-A[:, None] * _softplus(f))
-        tl.store(d_ptr + n * HV * K + hk, d, mask=m_hk)
+            g = -A[:, None] * _softplus(f)
+        tl.store(d_ptr + n * HV * K + hk, tl.exp(g), mask=m_hk)
     t = n % T
     if (flags & 1) != 0 and t > 0:
         slot = tl.load(state_idx_ptr + n // T).to(tl.int64)
@@ -121,10 +125,10 @@ def token_prep_kernel(
             GK: tl.constexpr = 1 if GATE == 2 else K
             rec = replay_ptr + slot * r_slot + ((t - 1) * HV + o_hv) * (K + GK + 1 + V)  # [HB] record starts
             tl.store(rec[:, None] + o_k[None, :], k, mask=m_hk)
-            if GATE == 2:
-                tl.store(rec + K, d, mask=m_h)
+            if GATE == 2:  # the one-warp kernel's record format: log decay, so either kernel can replay it
+                tl.store(rec + K, g, mask=m_h)
             else:
-                tl.store(rec[:, None] + K + o_k[None, :], d, mask=m_hk)
+                tl.store(rec[:, None] + K + o_k[None, :], g, mask=m_hk)
             tl.store(rec + K + GK, beta, mask=m_h)
             o_r = tl.arange(0, BVR)
             m_hr = m_h[:, None] & (o_r < V)[None, :]
@@ -175,7 +179,7 @@ def _lanes_update(S, k, v, d, beta, V_FIRST: tl.constexpr):
 def gated_delta_verify_lanes_kernel(
     qn_ptr,  # [N, H, K] FP32 (token_prep_kernel)
     kn_ptr,  # [N, H, K] FP32
-    d_ptr,  # [N, HV] or [N, HV, K] FP32 decay
+    d_ptr,  # FP32: GDN [N, HV] log decay g; KDA [N, HV, K] decay exp(g) (token_prep_kernel)
     bq_ptr,  # [N, HV, 2] FP32 beta, beta * (q.k)
     v_ptr,  # [N, HV, V]
     o_ptr,  # [N, HV, V] output
@@ -244,9 +248,9 @@ def gated_delta_verify_lanes_kernel(
             for r in range(tl.load(accept_prev_ptr + i_b).to(tl.int32) - 1):
                 rec = rbase + (r * HV + i_hv) * RW
                 if PER_CHANNEL:
-                    dr = tl.load(rec + K + kidx)
+                    dr = tl.exp(tl.load(rec + K + kidx))
                 else:
-                    dr = tl.load(rec + K)
+                    dr = tl.exp(tl.load(rec + K))
                 S, _, _ = _lanes_update(S, tl.load(rec + kidx), tl.load(rec + K + GK + 1 + o_v), dr, tl.load(rec + K + GK),
                                         V_FIRST)
     n = i_b * T
@@ -255,7 +259,7 @@ def gated_delta_verify_lanes_kernel(
     if PER_CHANNEL:
         d = tl.load(d_ptr + (n * HV + i_hv) * K + kidx)
     else:
-        d = tl.load(d_ptr + n * HV + i_hv)
+        d = tl.exp(tl.load(d_ptr + n * HV + i_hv))
     beta = tl.load(bq_ptr + (n * HV + i_hv) * 2)
     bqk = tl.load(bq_ptr + (n * HV + i_hv) * 2 + 1)
     v = tl.load(v_ptr + (n * HV + i_hv) * V + o_v).to(tl.float32)
@@ -267,7 +271,7 @@ def gated_delta_verify_lanes_kernel(
             if PER_CHANNEL:
                 dx = tl.load(d_ptr + ((n + 1) * HV + i_hv) * K + kidx)
             else:
-                dx = tl.load(d_ptr + (n + 1) * HV + i_hv)
+                dx = tl.exp(tl.load(d_ptr + (n + 1) * HV + i_hv))
             betax = tl.load(bq_ptr + ((n + 1) * HV + i_hv) * 2)
             bqkx = tl.load(bq_ptr + ((n + 1) * HV + i_hv) * 2 + 1)
             vx = tl.load(v_ptr + ((n + 1) * HV + i_hv) * V + o_v).to(tl.float32)
