@@ -35,7 +35,8 @@ class ValueTileTuning:
     while there are at most this many per compute unit, and plain verify windows narrow theirs
     until ``verify_waves`` waves (:func:`pick_wide_tile`). ``lanes_per_cu``: plain verify windows
     take the lanes kernel (:func:`pick_lanes_tile`) once its grid has at least this many programs
-    per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``. ``tuned`` is False for the default built for a device no sweep has measured.
+    per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``. ``tuned`` is False
+    for the default built for a device no sweep has measured.
     """
 
     name: str
