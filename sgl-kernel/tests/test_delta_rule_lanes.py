@@ -18,19 +18,9 @@ import sgl_hybrid_kernel.delta_rule.recurrent as rec
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, pick_lanes_tile, replay_commit
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.norm import l2_norm
+from test_delta_rule_triton import _batch  # the same random inputs as the one-warp kernel's tests
 
 NAN = float("nan")
-
-
-def _batch(gen, B, T, H, HV, K, V, gate):
-    N = B * T
-    q, k = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen)
-    v = torch.randn(N, HV, V, generator=gen)
-    f = torch.randn(N, HV, generator=gen) if gate == "gdn" else torch.randn(N, HV, K, generator=gen)
-    b = torch.randn(N, HV, generator=gen)
-    A = torch.rand(HV, generator=gen)
-    dtb = torch.randn(HV if gate == "gdn" else HV * K, generator=gen)
-    return q, k, v, f, b, A, dtb
 
 
 def _naive(gate, q, k, v, f, b, A, dtb, lb, S0, G):
