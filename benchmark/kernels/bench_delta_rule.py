@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import types
 
 import torch
 import triton
@@ -1346,6 +1347,23 @@ def _hbm_rot(batch, slot_bytes, slots):
     states (issue 4: measure from HBM; with 8 sets a small batch's states stayed in L2, e.g. KDA B=1:
     8 x 0.79 MB), at least 8 and at most ``slots // batch``."""
     return max(8, min(slots // batch, -(-4 * L2_BYTES // (batch * slot_bytes))))
+
+
+def gdn_verify_window(B, T=5, slots=1024, H=16, HV=48, K=128, V=128):
+    """Inputs of a Qwen3.8 GDN verify window on SGLang's V-major pool for the one-off profiling scripts
+    (prof_deferred_gap.py, exp_persistent_lanes.py): a pool >> L2, ``_hbm_rot`` rotated slot sets (sets
+    the module's ``ROT`` for ``graph_time_us``), BF16 q / k / v / gate / beta, an output buffer."""
+    global ROT
+    w = types.SimpleNamespace(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B * T, slots=slots)
+    w.pool = torch.randn(slots, HV, V, K, device=DEV) * 0.1
+    ROT = _hbm_rot(B, HV * K * V * 4, slots)
+    w.perms = [torch.randperm(slots, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
+    w.q, w.k = (torch.randn(w.N, H, K, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    w.v = torch.randn(w.N, HV, V, device=DEV, dtype=torch.bfloat16)
+    w.a, w.b = (torch.randn(w.N, HV, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    w.A, w.dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
+    w.o = torch.empty_like(w.v)
+    return w
 
 
 def bench_recurrent_sweep(results, ceiling):

@@ -79,17 +79,10 @@ from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton,
 from sgl_hybrid_kernel.delta_rule.triton_lanes import token_prep_kernel, lanes_v_first
 
 DEV = "cuda"
-B = int(sys.argv[1]); H, HV, K, V, T = 16, 48, 128, 128, 5
-slots = 1024
-pool = torch.randn(slots, HV, V, K, device=DEV) * 0.1
-bd.ROT = bd._hbm_rot(B, HV * K * V * 4, slots)
-perms = [torch.randperm(slots, device=DEV)[:B].to(torch.int32) for _ in range(bd.ROT)]
-N = B * T
-q, k = (torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16) for _ in range(2))
-v = torch.randn(N, HV, V, device=DEV, dtype=torch.bfloat16)
-a, b = (torch.randn(N, HV, device=DEV, dtype=torch.bfloat16) for _ in range(2))
-A, dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
-o = torch.empty_like(v)
+B = int(sys.argv[1])
+w = bd.gdn_verify_window(B)
+H, HV, K, V, T, N = w.H, w.HV, w.K, w.V, w.T, w.N
+pool, perms, q, k, v, a, b, A, dtb, o = w.pool, w.perms, w.q, w.k, w.v, w.a, w.b, w.A, w.dtb, w.o
 qn, kn = (torch.empty(N, H, K, device=DEV) for _ in range(2)); dec = torch.empty(N, HV, device=DEV); bq = torch.empty(N, HV, 2, device=DEV)
 hb = prep_heads_per_program(HV, N, 132)
 
