@@ -41,7 +41,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import _softplus
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, _softplus
 
 
 def lanes_v_first() -> bool:
@@ -241,7 +241,7 @@ def gated_delta_verify_lanes_kernel(
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty))
         return
     p_s = state_ptr + slot * s_slot + off
-    S = tl.load(p_s).to(tl.float32)
+    S = tl.load(p_s, eviction_policy=STATE_LOAD_EVICTION).to(tl.float32)
     if not PLAIN:
         if REPLAY_PREV:
             rbase = replay_prev_ptr + slot * r_slot
@@ -282,11 +282,11 @@ def gated_delta_verify_lanes_kernel(
             if SAVE_INTER:
                 islot = tl.load(inter_idx_ptr + n).to(tl.int64)
                 if islot >= 0:
-                    tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty))
+                    tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
             if t == 0:
                 if DEFERRED:
-                    tl.store(p_s, S.to(p_s.dtype.element_ty))
+                    tl.store(p_s, S.to(p_s.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
         if t + 1 < T:
             q, k, d, beta, bqk, v = qx, kx, dx, betax, bqkx, vx
     if COMMIT:
-        tl.store(p_s, S.to(p_s.dtype.element_ty))
+        tl.store(p_s, S.to(p_s.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE
+
 
 @triton.jit
 def _silu(x):
@@ -115,10 +117,10 @@ def kda_fused_decode_kernel(
     # ---- delta-rule update of this [K, BV] slice of the pooled state
     m_kv = m_k[:, None] & m_v[None, :]
     p_s = state_ptr + slot * s_slot + i_h * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
-    S = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32) * tl.exp(g)[:, None]
+    S = tl.load(p_s, mask=m_kv, other=0.0, eviction_policy=STATE_LOAD_EVICTION).to(tl.float32) * tl.exp(g)[:, None]
     err = v - tl.sum(S * k[:, None], axis=0)
     S = S + (beta * k)[:, None] * err[None, :]
-    tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv)
+    tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
     o = tl.sum(S * q[:, None], axis=0)
     o = tl.where(m_v, o, 0.0)
 
