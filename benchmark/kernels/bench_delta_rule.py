@@ -1539,10 +1539,10 @@ def bench_recurrent_sweep(results, ceiling):
         def check(fn, kw):
             p = small.clone()
             if mode == "deferred":
-                out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=torch.zeros_like(rb[0][:64]),
+                out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=torch.zeros_like(rb[0][:small.shape[0]]),
                          state_layout=layout, **kw)
             elif mode == "deferred_fused":  # two windows: the second replays the first's accepted prefix
-                r1, r2 = torch.zeros_like(rb[0][:64]), torch.zeros_like(rb[0][:64])
+                r1, r2 = torch.zeros_like(rb[0][:small.shape[0]]), torch.zeros_like(rb[0][:small.shape[0]])  # one row per slot of `small`
                 fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r1, state_layout=layout, **kw)
                 out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r2, replay_prev=r1, accept_prev=acc,
                          state_layout=layout, **kw)

@@ -211,9 +211,10 @@ def kernel_configs() -> List[KernelConfig]:
 
     lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr")
 
-    def lanes(name, T, bv, kl, gate, shape, plain=True):
+    def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
         return KernelConfig(name, gated_delta_verify_lanes_kernel,
                             dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), PLAIN=plain,
+                                 SNAPSHOTS=snapshots,
                                  s_v=shape["K"], **{d: shape[d] for d in ("H", "HV", "K", "V")}),
                             num_warps=1, divisible=lptrs + ("s_slot", "s_h", "is_slot"))
 
@@ -228,7 +229,8 @@ def kernel_configs() -> List[KernelConfig]:
         if hb <= prep_heads_per_program(shape["HV"])]
     out += [lanes("gdn_lanes_t5_bv16_kl8", 5, 16, 8, GATE_GDN, gdn),
             lanes("kda_lanes_t4_bv16_kl8", 4, 16, 8, GATE_KDA_SAFE, kda),
-            lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False)]
+            lanes("gdn_lanes_t5_bv16_kl8_deferred", 5, 16, 8, GATE_GDN, gdn, False),
+            lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False, True)]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
     # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
     from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel

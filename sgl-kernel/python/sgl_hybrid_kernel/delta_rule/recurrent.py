@@ -420,7 +420,7 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
         s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
         replay_prev.stride(0) if replay_prev is not None else 0, flags,
         T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(), PLAIN=plain,
-        num_warps=1, num_stages=num_stages,
+        SNAPSHOTS=not plain and inter_state is not None, num_warps=1, num_stages=num_stages,
     )
 
 

@@ -25,13 +25,17 @@ Triton's coalescing pass, whose tie-break changed between versions: 3.6 orders e
 increasing index, 3.7 and 3.8 by decreasing index. ``V_FIRST`` puts the value axis where the
 installed version sends the lanes (``lanes_v_first``); both arrangements compute the same thing.
 
-All modes of a window -- plain, per-token snapshots, deferred commit, fused replay of the previous
-window, :func:`recurrent.replay_commit` -- run one binary (``flags`` at run time; ``PLAIN`` compiles
-them out for plain windows), and verify and replay apply a token by the same ``_lanes_update`` on the
-same FP32 values (the records hold what the verify consumed: the verify takes ``exp`` of the per-head
+Three binaries serve the modes (``flags`` at run time within each): ``PLAIN`` (plain windows:
+snapshots, deferred commit and replay compiled out), the deferred binary (``SNAPSHOTS`` False: deferred
+commit, fused replay of the previous window, :func:`recurrent.replay_commit`) and the all-modes binary
+(``SNAPSHOTS`` True: per-token snapshots as well). The deferred binary exists because the snapshot
+writes' second pointer tile took the all-modes binary to 215 registers on the H200's Triton 3.6
+(8 warps per SM against 12), which cost the deferred window ~11 us at B=32. Verify and replay apply a
+token by the same ``_lanes_update`` on the same FP32 values in every binary (the records hold what the verify consumed: the verify takes ``exp`` of the per-head
 log decay in this kernel, as the replay does of the record's; a per-channel decay is computed by the
 prologue and, for a record, by this kernel, the same elementwise ``exp`` of the same value), so a
-replayed state equals the snapshot bit for bit. The layout and the prologue's values differ from the one-warp kernel's, so the
+replayed state equals the snapshot bit for bit (checked across the binaries on the H200:
+``bench_delta_rule.py`` ``deferred_exact``, whose reference window writes snapshots). The layout and the prologue's values differ from the one-warp kernel's, so the
 two kernels agree to FP32 rounding, not bit for bit: every call of one window must take the same
 kernel (the wrapper's defaults do).
 """
@@ -205,6 +209,7 @@ def gated_delta_verify_lanes_kernel(
     PER_CHANNEL: tl.constexpr,  # decay per key channel (KDA) or per head (GDN)
     V_FIRST: tl.constexpr,  # tile [BV, KB, KC] instead of [KB, BV, KC] (lanes_v_first)
     PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
+    SNAPSHOTS: tl.constexpr,  # with PLAIN False: compile the snapshot writes in (FLAG_SAVE_INTER honoured)
 ):
     """Decode / verify window of ``T`` tokens for one (request, value head, ``BV`` columns), one warp.
     Needs ``K % (4 * KL) == 0``, ``V % BV == 0`` and a key-contiguous pool (the wrapper checks).
@@ -279,7 +284,7 @@ def gated_delta_verify_lanes_kernel(
         o = _lanes_sum(Sd * q, V_FIRST) + bqk * err
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
         if not PLAIN:
-            if SAVE_INTER:
+            if SNAPSHOTS and SAVE_INTER:
                 islot = tl.load(inter_idx_ptr + n).to(tl.int64)
                 if islot >= 0:
                     tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
