@@ -140,7 +140,7 @@ def prod(w, r, commit):
 def exp(w, r, commit=True, factor=False, load_ev="", store_cm="", maxnreg=None, bv=16, prefetch=False, at0=False):
     token_prep_kernel[(w.N, w.HV // w.hb)](w.q, w.k, w.v, w.a, w.b, w.A, w.dtb, w.perms[r], w.qn, w.kn, w.dec, w.bq, w.bq,
                                            w.K ** -0.5, 0.0, 0, 0, T=w.T, H=w.H, HV=w.HV, K=w.K, V=w.V, BK=w.K, BVR=w.V,
-                                           HB=w.hb, GATE=2, L2NORM=True, num_warps=2 if w.hb == 8 else 1)
+                                           HB=w.hb, GATE=2, L2NORM=True, PDL=False, num_warps=2 if w.hb == 8 else 1)
     kw = {} if maxnreg is None else dict(maxnreg=maxnreg)
     return exp_kernel[(w.V // bv, w.B * w.HV)](w.qn, w.kn, w.dec, w.bq, w.v, w.o, w.pool, w.perms[r], w.pool.stride(0),
                                         w.pool.stride(1), w.pool.stride(2), T=w.T, H=w.H, HV=w.HV, K=w.K, V=w.V, BV=bv,

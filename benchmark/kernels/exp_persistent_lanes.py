@@ -88,7 +88,7 @@ hb = prep_heads_per_program(HV, N, 132)
 
 def persist(r, nprog, prefetch, bv=16):
     token_prep_kernel[(N, HV // hb)](q, k, v, a, b, A, dtb, perms[r], qn, kn, dec, bq, bq, K ** -0.5, 0.0, 0, 0,
-                                     T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=V, HB=hb, GATE=2, L2NORM=True, num_warps=2 if hb == 8 else 1)
+                                     T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=V, HB=hb, GATE=2, L2NORM=True, PDL=False, num_warps=2 if hb == 8 else 1)
     total = (V // bv) * B * HV
     persist_kernel[(min(nprog, total),)](qn, kn, dec, bq, v, o, pool, perms[r], pool.stride(0), pool.stride(1), pool.stride(2), total,
                                         T=T, H=H, HV=HV, K=K, V=V, BV=bv, KL=8, V_FIRST=lanes_v_first(), PREFETCH=prefetch, num_warps=1, num_stages=1)

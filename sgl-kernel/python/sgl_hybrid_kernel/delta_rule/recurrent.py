@@ -19,8 +19,8 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     gated_delta_recurrent_kernel,
     gated_delta_verify_wide_kernel,
 )
-from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
-                                                       token_prep_kernel)
+from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_v_first,
+                                                       prep_heads_per_program, token_prep_kernel)
 from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
 from sgl_hybrid_kernel.platform import device_platform
 
@@ -386,6 +386,22 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     return bv, kl
 
 
+def lanes_pdl(device: torch.device) -> bool:
+    """Whether the lanes kernel starts as a programmatic dependent launch of its prologue (Triton
+    ``launch_pdl``): it loads its state slice and replays the previous window's records while the
+    prologue runs, and waits (``gdc_wait``) only before reading the prologue's outputs. NVIDIA sm_90 and
+    newer with a Triton that has grid dependency control; never on ROCm or CPU. ``SGL_HYBRID_LANES_PDL=0``
+    turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md, tenth round)."""
+    import os
+
+    if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0" or gdc_wait is None:
+        return False
+    plat = device_platform(device)
+    if plat.device != "cuda" or not (plat.arch or "").startswith("sm"):
+        return False
+    return int(plat.arch[2:]) >= 90
+
+
 def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,
                   replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL, num_stages=1):
     """The per-token prologue and the lanes kernel (``triton_lanes.py``) for one step."""
@@ -403,11 +419,12 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
     dec = torch.empty((N, HV, K) if per_channel else (N, HV), device=dev, dtype=torch.float32)
     bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
     hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
+    pdl = lanes_pdl(q.device)
     token_prep_kernel[(N, HV // hb)](
         q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
         replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
         replay_buffer.stride(0) if replay_buffer is not None else 0, 1 if replay_buffer is not None else 0,
-        T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm,
+        T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm, PDL=pdl,
         num_warps=2 if hb == 8 else 1,
     )
     s0, s1, s2, _ = state.stride()
@@ -420,7 +437,8 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
         s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
         replay_prev.stride(0) if replay_prev is not None else 0, flags,
         T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(), PLAIN=plain,
-        SNAPSHOTS=not plain and inter_state is not None, num_warps=1, num_stages=num_stages,
+        SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, num_warps=1, num_stages=num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 

@@ -47,6 +47,11 @@ import triton.language as tl
 
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, _softplus
 
+try:  # grid dependency control (programmatic dependent launch, sm_90+); only compiled in with PDL=True
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without it: recurrent.lanes_pdl() then answers False
+    gdc_launch_dependents = gdc_wait = None
+
 
 def lanes_v_first() -> bool:
     """``V_FIRST`` for the installed Triton (see the module docstring): True before 3.7."""
@@ -83,11 +88,14 @@ def token_prep_kernel(
     HB: tl.constexpr,  # value heads per program (prep_heads_per_program)
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
+    PDL: tl.constexpr,  # the lanes kernel is a programmatic dependent launch of this one (recurrent.lanes_pdl)
 ):
     """One program per (token, ``HB`` value heads): the per-token inputs of
     :func:`gated_delta_verify_lanes_kernel` as ``[HB, K]`` tiles (formulas of
     ``gated_delta_verify_wide_kernel``; gate kinds as in triton_recurrent.py). q / k of a GVA group
     are written by its first value head."""
+    if PDL:  # let the lanes kernel start loading its states now; it waits for these outputs (gdc_wait)
+        gdc_launch_dependents()
     n = tl.program_id(0)
     o_hv = tl.program_id(1) * HB + tl.arange(0, HB)
     m_h = o_hv < HV
@@ -210,13 +218,16 @@ def gated_delta_verify_lanes_kernel(
     V_FIRST: tl.constexpr,  # tile [BV, KB, KC] instead of [KB, BV, KC] (lanes_v_first)
     PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
     SNAPSHOTS: tl.constexpr,  # with PLAIN False: compile the snapshot writes in (FLAG_SAVE_INTER honoured)
+    PDL: tl.constexpr,  # launched as a programmatic dependent launch of token_prep_kernel (recurrent.lanes_pdl)
 ):
     """Decode / verify window of ``T`` tokens for one (request, value head, ``BV`` columns), one warp.
     Needs ``K % (4 * KL) == 0``, ``V % BV == 0`` and a key-contiguous pool (the wrapper checks).
     Token ``t``: ``S' = d_t S``, ``err = v_t - k_t.S'``, ``o_t = q_t.S' + beta_t (q_t.k_t) err``,
     ``S = S' + beta_t k_t err^T``. Deferred commit stores the state after token 0 in the slot (the
     records come from the prologue); the fused replay first applies the previous window's accepted
-    records 1..n-1 to the slot's state."""
+    records 1..n-1 to the slot's state. With ``PDL`` the kernel is a programmatic dependent launch of the
+    prologue: the state load and the replay run while the prologue does, ``gdc_wait`` comes before the
+    first read of the prologue's outputs."""
     KC: tl.constexpr = 4 * KL
     KB: tl.constexpr = K // KC
     GK: tl.constexpr = K if PER_CHANNEL else 1
@@ -258,6 +269,8 @@ def gated_delta_verify_lanes_kernel(
                     dr = tl.exp(tl.load(rec + K))
                 S, _, _ = _lanes_update(S, tl.load(rec + kidx), tl.load(rec + K + GK + 1 + o_v), dr, tl.load(rec + K + GK),
                                         V_FIRST)
+    if PDL:  # everything above reads only what earlier kernels wrote; the prologue's outputs come next
+        gdc_wait()
     n = i_b * T
     q = tl.load(qn_ptr + (n * H + i_h) * K + kidx)
     k = tl.load(kn_ptr + (n * H + i_h) * K + kidx)
