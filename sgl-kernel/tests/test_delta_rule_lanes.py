@@ -222,3 +222,25 @@ def test_installed_triton_puts_lanes_on_the_value_axis():
     assert three_d, "no 3-D state layout in the compiled kernel"
     v_axis = 0 if v_first == "True" else 1
     assert all(t[2] == 8 and t[v_axis] == 4 for t in three_d), three_d
+
+
+@pytest.mark.parametrize("plat, env, want", [
+    (("cuda", "sm90"), None, True),
+    (("cuda", "sm100"), None, True),
+    (("cuda", "sm90"), "0", False),  # SGL_HYBRID_LANES_PDL=0 turns it off
+    (("cuda", "sm86"), None, False),  # griddepcontrol needs sm_90
+    (("rocm", "gfx950"), None, False),
+    (("cpu", None), None, False),
+])
+def test_programmatic_dependent_launch_only_on_sm90_and_newer(monkeypatch, plat, env, want):
+    """``lanes_pdl`` decides whether the prologue -> lanes pair is launched with programmatic dependent
+    launch (the lanes kernel's ``gdc_wait`` is NVIDIA-only PTX): sm_90 and newer, not on ROCm / CPU /
+    older NVIDIA, and not when the environment turns it off."""
+    from sgl_hybrid_kernel.platform import DevicePlatform
+
+    monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform(*plat))
+    if env is None:
+        monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
+    else:
+        monkeypatch.setenv("SGL_HYBRID_LANES_PDL", env)
+    assert rec.lanes_pdl(torch.device("cpu")) is want
