@@ -144,12 +144,15 @@ def test_replay_records_work_across_kernels(gate, verify_lanes, replay_lanes):
 
 def test_lanes_tile_rule_follows_the_h200_sweep():
     """16 columns x 8 key lanes: plain verify windows of either gate from 8 programs per SM at 16 columns
-    (132 SMs: B * HV >= 132), GDN's all-modes windows from 64 (B * HV >= 1056) at any T; never decode,
+    (132 SMs: B * HV >= 132), GDN's all-modes windows from 64 (B * HV >= 1056) at any T; GDN's plain
+    windows below that at 8 columns from 4 programs per SM at 8 columns (B * HV >= 33); never decode,
     never KDA's all-modes windows, never a shape outside the kernel's contract."""
-    kda = [pick_lanes_tile(b, 12, 128, 128, 4, True) for b in (4, 8, 10, 11, 16, 32, 128)]
-    assert kda == [None, None, None, (16, 8), (16, 8), (16, 8), (16, 8)]
+    kda = [pick_lanes_tile(b, 12, 128, 128, 4, True) for b in (1, 4, 8, 10, 11, 16, 32, 128)]
+    assert kda == [None, None, None, None, (16, 8), (16, 8), (16, 8), (16, 8)]
     gdn = [pick_lanes_tile(b, 48, 128, 128, 5, False) for b in (1, 2, 3, 4, 32)]
-    assert gdn == [None, None, (16, 8), (16, 8), (16, 8)]
+    assert gdn == [(8, 8), (8, 8), (16, 8), (16, 8), (16, 8)]
+    assert pick_lanes_tile(1, 32, 128, 128, 5, False) is None  # 512 programs at 8 columns: under 4 per SM
+    assert pick_lanes_tile(1, 48, 128, 128, 5, False, plain=False) is None  # the narrow tile is for plain windows
     assert pick_lanes_tile(128, 12, 128, 128, 1, True) is None and pick_lanes_tile(128, 48, 128, 128, 1, False) is None
     assert [pick_lanes_tile(22, 48, 128, 128, t, False, plain=False) for t in (1, 5, 8)] == [(16, 8)] * 3
     assert pick_lanes_tile(21, 48, 128, 128, 5, False, plain=False) is None

@@ -35,7 +35,9 @@ class ValueTileTuning:
     while there are at most this many per compute unit, and plain verify windows narrow theirs
     until ``verify_waves`` waves (:func:`pick_wide_tile`). ``lanes_per_cu``: plain verify windows
     take the lanes kernel (:func:`pick_lanes_tile`) once its grid has at least this many programs
-    per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``. ``tuned`` is False
+    per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``; GDN's plain verify windows
+    below ``lanes_per_cu`` take it at 8 columns from ``lanes_narrow_per_cu`` programs per compute unit at
+    8 columns. ``tuned`` is False
     for the default built for a device no sweep has measured.
     """
 
@@ -48,6 +50,7 @@ class ValueTileTuning:
     verify_waves: int = 8
     lanes_per_cu: int = 8
     lanes_all_modes_per_cu: int = 64
+    lanes_narrow_per_cu: int = 4
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
@@ -56,7 +59,7 @@ VALUE_TILE_TUNED: Dict[Tuple[str, int], ValueTileTuning] = {
     ("sm90", 132): ValueTileTuning("sm90x132", 132, 2, True, "H200 sweeps 2026-11-29 (benchmark/kernels/sweep_value_tile.py) and "
                                    "2026-11-30 (bench_delta_rule.py --sweep-decode-batches / --sweep-verify-batches: "
                                    "decode B = 1..128, verify B = 1..32; the lanes kernel: --wide-variants BVx1kKL, "
-                                   "2026-11-30-h200-lanes_*.json)", 32, 8),
+                                   "2026-11-30-h200-lanes_*.json, 2026-12-01-h200-lanes_small_batches.json)", 32, 8),
 }
 # What tests and benchmarks on the CPU interpreter use (no device to ask).
 INTERPRETER_TUNING = VALUE_TILE_TUNED[("sm90", 132)]
@@ -352,7 +355,11 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
 
     * plain verify windows (``tokens > 1``, ``plain``), either gate, once the grid at 16 columns has at
       least ``tuning.lanes_per_cu`` (8) programs per compute unit (H200: KDA 12 heads B >= 11, GDN 48
-      value heads B >= 3);
+      value heads B >= 3); below that, GDN's (per-head decay) at 8 columns x 8 key lanes once that grid
+      has ``tuning.lanes_narrow_per_cu`` (4) programs per compute unit (48 value heads: B = 1, 2). H200,
+      2026-12-01 (``2026-12-01-h200-lanes_small_batches.json``, the prologue a programmatic dependent
+      launch): GDN T=5 B = 1 / 2: 5.56 -> 5.36, 7.92 -> 6.87 µs; KDA's small batches were slower at every
+      lanes tile (B = 4: 5.18 -> 5.76 at best; B = 8: 7.32 -> 7.27 at 16 columns, 7.89 at 8), so they stay;
     * the all-modes binary (snapshots, deferred commit, fused replay, :func:`replay_commit`) with a
       per-head gate (GDN) from ``tuning.lanes_all_modes_per_cu`` (64) programs per compute unit (B >= 22).
       Below that, the snapshot windows SGLang's verify writes were slower on the lanes kernel (B = 4 /
@@ -381,9 +388,12 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     if not lanes_shape_ok(head_k_dim, head_v_dim, bv, kl):
         return None
     per_cu = tuning.lanes_per_cu if plain else tuning.lanes_all_modes_per_cu
-    if batch * num_v_heads * triton.cdiv(head_v_dim, bv) < per_cu * tuning.num_compute_units:
-        return None
-    return bv, kl
+    if batch * num_v_heads * triton.cdiv(head_v_dim, bv) >= per_cu * tuning.num_compute_units:
+        return bv, kl
+    if (plain and not per_channel_decay and lanes_shape_ok(head_k_dim, head_v_dim, 8, kl)
+            and batch * num_v_heads * triton.cdiv(head_v_dim, 8) >= tuning.lanes_narrow_per_cu * tuning.num_compute_units):
+        return 8, kl
+    return None
 
 
 def lanes_pdl(device: torch.device) -> bool:
