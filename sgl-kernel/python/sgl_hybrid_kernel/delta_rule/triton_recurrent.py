@@ -135,8 +135,8 @@ def _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n, i_h, i_hv, H: tl.constex
 
 
 @triton.jit
-def _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b, i_h, i_hv, i_v,
-                      A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
+def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b,
+                      i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
@@ -144,10 +144,11 @@ def _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_pt
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
     vectors in registers without spilling. Same FP32 formulas as the preloaded path
     (``o_t = q.S' + beta (q.k) err``); the deferred path's records are written per token.
-    ``off_i``: the ``[BK, BV]`` element offsets of this tile inside a snapshot slot."""
+    ``off_i``: the ``[BK, BV]`` element offsets of this tile inside a snapshot slot. ``q, k, v, f, b``:
+    token 0's raw inputs (:func:`_token_inputs`), loaded by the calling kernel (a verify window's right
+    after the slot index, ahead of the padding-row branch that waits for it)."""
     GK: tl.constexpr = 1 if GATE == 2 else K
     RW: tl.constexpr = K + GK + 1 + V
-    q, k, v, f, b = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k, m_v, GATE)
     for t in tl.static_range(T):
         n = i_b * T + t
         if t + 1 < T:
@@ -257,8 +258,11 @@ def gated_delta_recurrent_kernel(
     n_t = i_b * T + o_t  # [TP] token rows of this request
 
     # 1. The slot (the state load waits on it), then every token's inputs as [BK, TP] /
-    #    [TP, BV] tiles: none depends on the slot, so all are in flight together.
+    #    [TP, BV] tiles (token 0's alone without PRELOAD): none depends on the slot, so all are in flight together.
     slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
+    if not PRELOAD:  # see _verify_per_token
+        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
+                                           m_v, GATE)
     n_prev = tl.load(accept_prev_ptr + i_b, mask=REPLAY_PREV, other=1).to(tl.int32)  # 1: nothing to replay
     if PRELOAD:
         Q = tl.load(q_ptr + (n_t[None, :] * H + i_h) * K + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
@@ -345,8 +349,8 @@ def gated_delta_recurrent_kernel(
             tl.store(p_s, S.to(state_ptr.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
         tl.store(o_ptr + (n_t[:, None] * HV + i_hv) * V + o_v[None, :], O.to(o_ptr.dtype.element_ty), mask=m_tv)
     else:
-        _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, replay_ptr + slot * r_slot,
-                          i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot,
+        _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
+                          replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot,
                           i_hv * is_h + o_k[:, None] * is_k + o_v[None, :] * is_v, SAVE_INTER, DEFERRED, COMMIT,
                           T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
 
@@ -440,7 +444,20 @@ def gated_delta_verify_wide_kernel(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
 
+    # The slot index first (the state load waits on it). A verify window then issues token 0's raw inputs
+    # and the head's gate parameters before the padding-row branch waits for the index, so its per-token
+    # chain can start as soon as the state arrives; decode issues them after the state load, as before
+    # (H200, 2026-12-01, 2026-12-01-h200-early_inputs.json: KDA verify T=4 B = 1..8 3-6 % faster, KDA
+    # decode B = 1..32 1-3 % slower with the early issue; GDN unchanged either way).
     slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
+    if T > 1:
+        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
+                                           m_v, GATE)
+        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+        if GATE == 2:
+            dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+        else:
+            dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     if slot < 0:
         for t in range(T):
             n = i_b * T + t
@@ -453,11 +470,14 @@ def gated_delta_verify_wide_kernel(
     off = i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
     p_s = state_ptr + slot * s_slot + off
     S = tl.load(p_s, mask=m_kv, other=0.0, eviction_policy=STATE_LOAD_EVICTION).to(tl.float32)
-    A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-    if GATE == 2:
-        dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-    else:
-        dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    if T == 1:
+        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
+                                           m_v, GATE)
+        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+        if GATE == 2:
+            dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+        else:
+            dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     if PLAIN:
         SAVE_INTER = False
         DEFERRED = False
@@ -465,6 +485,6 @@ def gated_delta_verify_wide_kernel(
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
                             m_k, m_v, HV, K, V, GK)
-    _verify_per_token(S, p_s, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, replay_ptr + slot * r_slot,
-                      i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER, DEFERRED, COMMIT, T, H, HV, K,
-                      V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
+    _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
+                      replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
