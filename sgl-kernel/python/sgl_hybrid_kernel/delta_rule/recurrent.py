@@ -358,9 +358,10 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
       value heads B >= 3); below that, GDN's (per-head decay) at 8 columns x 8 key lanes once that grid
       has ``tuning.lanes_narrow_per_cu`` (4) programs per compute unit (48 value heads: B = 1, 2). H200,
       2026-12-01 (``2026-12-01-h200-lanes_small_batches.json``, the prologue a programmatic dependent
-      launch): GDN T=5 B = 1 / 2: 5.56 -> 5.36, 7.92 -> 6.87 µs; KDA's small batches were slower at every
-      lanes tile (B = 4: 5.18 -> 5.76 at best; B = 8: 7.32 -> 7.27 at 16 columns, 7.89 at 8), so they stay;
-    * the all-modes binary (snapshots, deferred commit, fused replay, :func:`replay_commit`) with a
+      launch): GDN T=5 B = 1 / 2: 5.56 -> 5.36, 7.92 -> 6.87 µs; KDA's small batches were slower or equal on
+      every lanes tile (B = 4: 5.18 -> 5.76 at best; B = 8: 7.32 -> 7.27 at 16 columns, 7.89 at 8), so they stay;
+    * every other mode (snapshots: the all-modes binary; deferred commit, fused replay, :func:`replay_commit`:
+      the deferred binary, ``triton_lanes.py``) with a
       per-head gate (GDN) from ``tuning.lanes_all_modes_per_cu`` (64) programs per compute unit (B >= 22).
       Below that, the snapshot windows SGLang's verify writes were slower on the lanes kernel (B = 4 /
       8 / 16: 23.71 -> 27.41, 44.65 -> 46.79, 86.06 -> 87.70 µs) while deferred ones were faster (B=16:
