@@ -341,6 +341,10 @@ def bench_decode_verify(results, ceiling):
 
 
 def bench_fused_decode(results, ceiling):
+    """KDA fused decode (conv + norms + gates + recurrence + gated RMSNorm), graph replay; since 2026-12-01
+    the states come from HBM: ``_hbm_rot`` slot sets per graph (before, 8 sets kept B=1's states in L2)."""
+    global ROT
+    rot_before = ROT
     rows = []
     H, K, V, W = 12, 128, 128, 4
     C = 3 * H * K
@@ -349,6 +353,7 @@ def bench_fused_decode(results, ceiling):
     cw = torch.randn(C, W, device=DEV, dtype=torch.bfloat16)
     A, dtb, nw = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV), torch.rand(V, device=DEV)
     for B in (1, 32, 128):
+        ROT = _hbm_rot(B, H * K * V * 4, SLOTS)
         perms = [torch.randperm(SLOTS, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
         x = torch.randn(B, C, device=DEV, dtype=torch.bfloat16)
         f = torch.randn(B, H * K, device=DEV, dtype=torch.bfloat16)
@@ -360,6 +365,8 @@ def bench_fused_decode(results, ceiling):
         rows.append(dict(op="kda_fused_decode", B=B, ours_us=t, ours_frac_copy_ceiling=bytes_ / (t * 1e-6) / 1e12 / ceiling))
         print(rows[-1])
     results["kda_fused_decode"] = rows
+    results["kda_fused_decode_rotation"] = "index sets per graph: _hbm_rot (>= 4x L2 of states per replay)"
+    ROT = rot_before
 
 
 def bench_gdn(results, ceiling):
@@ -1542,7 +1549,7 @@ def bench_recurrent_sweep(results, ceiling):
                 out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=torch.zeros_like(rb[0][:small.shape[0]]),
                          state_layout=layout, **kw)
             elif mode == "deferred_fused":  # two windows: the second replays the first's accepted prefix
-                r1, r2 = torch.zeros_like(rb[0][:small.shape[0]]), torch.zeros_like(rb[0][:small.shape[0]])  # one row per slot of `small`
+                r1, r2 = (torch.zeros_like(rb[0][:small.shape[0]]) for _ in range(2))  # a row per slot of `small`
                 fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r1, state_layout=layout, **kw)
                 out = fn(q, k, v, a, b, A, dtb, p, cidx, T, "gdn", replay_buffer=r2, replay_prev=r1, accept_prev=acc,
                          state_layout=layout, **kw)

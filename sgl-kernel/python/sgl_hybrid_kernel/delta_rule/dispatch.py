@@ -64,8 +64,9 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
     tiles = (f"value tiles tuned for {tuning.name} ({tuning.source})" if tuning.tuned
              else f"no tuned value-tile table for this device: {tuning.name}, {tuning.source}")
     paths = ("verify windows and V-major decode: one-warp per-token kernel (plain and all-modes binaries), except V-major "
-             f"plain verify windows with >= {tuning.lanes_per_cu} and GDN windows of every mode with >= "
-             f"{tuning.lanes_all_modes_per_cu} programs per CU at 16 columns: lanes kernel (per-token prologue + 8 key lanes, "
+             f"plain verify windows with >= {tuning.lanes_per_cu} (GDN below that: 8 columns from {tuning.lanes_narrow_per_cu} "
+             f"at 8) and GDN windows of every mode with >= {tuning.lanes_all_modes_per_cu} programs per CU at 16 columns: "
+             f"lanes kernel (per-token prologue + 8 key lanes, "
              f"Triton {triton.__version__}, V_FIRST={lanes_v_first()}, programmatic dependent launch={lanes_pdl(q.device)}); "
              "K-major decode: register-tile kernel")
     record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}", log=logger)

@@ -31,12 +31,13 @@ commit, fused replay of the previous window, :func:`recurrent.replay_commit`) an
 (``SNAPSHOTS`` True: per-token snapshots as well). The deferred binary exists because the snapshot
 writes' second pointer tile took the all-modes binary to 215 registers on the H200's Triton 3.6
 (8 warps per SM against 12), which cost the deferred window ~11 us at B=32. Verify and replay apply a
-token by the same ``_lanes_update`` on the same FP32 values in every binary (the records hold what the verify consumed: the verify takes ``exp`` of the per-head
-log decay in this kernel, as the replay does of the record's; a per-channel decay is computed by the
-prologue and, for a record, by this kernel, the same elementwise ``exp`` of the same value), so a
-replayed state equals the snapshot bit for bit (checked across the binaries on the H200:
-``bench_delta_rule.py`` ``deferred_exact``, whose reference window writes snapshots). The layout and the prologue's values differ from the one-warp kernel's, so the
-two kernels agree to FP32 rounding, not bit for bit: every call of one window must take the same
+token by the same ``_lanes_update`` on the same FP32 values in every binary (the records hold what the
+verify consumed: the verify takes ``exp`` of the per-head log decay in this kernel, as the replay does
+of the record's; a per-channel decay is computed by the prologue and, for a record, by this kernel, the
+same elementwise ``exp`` of the same value), so a replayed state equals the snapshot bit for bit
+(checked across the binaries on the H200: ``bench_delta_rule.py`` ``deferred_exact``, whose reference
+window writes snapshots). The layout and the prologue's values differ from the one-warp kernel's, so
+the two kernels agree to FP32 rounding, not bit for bit: every call of one window must take the same
 kernel (the wrapper's defaults do).
 """
 
@@ -300,7 +301,8 @@ def gated_delta_verify_lanes_kernel(
             if SNAPSHOTS and SAVE_INTER:
                 islot = tl.load(inter_idx_ptr + n).to(tl.int64)
                 if islot >= 0:
-                    tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
+                    tl.store(inter_ptr + islot * is_slot + off, S.to(inter_ptr.dtype.element_ty),
+                             cache_modifier=STATE_STORE_CACHE)
             if t == 0:
                 if DEFERRED:
                     tl.store(p_s, S.to(p_s.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
