@@ -135,6 +135,18 @@ def _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n, i_h, i_hv, H: tl.constex
 
 
 @triton.jit
+def _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K: tl.constexpr, GATE: tl.constexpr):
+    """Value head ``i_hv``'s gate parameters: ``exp(A_log)`` (scalar) and ``dt_bias`` (a scalar for
+    the per-head gate, ``[BK]`` per key channel otherwise), FP32."""
+    A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+    if GATE == 2:
+        dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+    else:
+        dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    return A, dtb
+
+
+@triton.jit
 def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b,
                       i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -275,11 +287,7 @@ def gated_delta_recurrent_kernel(
         else:
             Fg = tl.load(f_ptr + (n_t[None, :] * HV + i_hv) * K + o_k[:, None], mask=m_kt, other=0.0).to(tl.float32)
         islots = tl.load(inter_idx_ptr + n_t, mask=m_t & SAVE_INTER, other=-1).to(tl.int64)
-    A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-    if GATE == 2:
-        dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-    else:
-        dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
 
     if slot < 0:
         tl.store(o_ptr + (n_t[:, None] * HV + i_hv) * V + o_v[None, :], tl.zeros([TP, BV], dtype=tl.float32).to(o_ptr.dtype.element_ty),
@@ -453,11 +461,7 @@ def gated_delta_verify_wide_kernel(
     if T > 1:
         q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
                                            m_v, GATE)
-        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-        if GATE == 2:
-            dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-        else:
-            dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
     if slot < 0:
         for t in range(T):
             n = i_b * T + t
@@ -473,11 +477,7 @@ def gated_delta_verify_wide_kernel(
     if T == 1:
         q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
                                            m_v, GATE)
-        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-        if GATE == 2:
-            dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-        else:
-            dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
     if PLAIN:
         SAVE_INTER = False
         DEFERRED = False
