@@ -100,7 +100,7 @@ class _FakeModel(nn.Module):
         super().__init__()
         self.model = nn.ModuleList([_site(2), _site(3)])
         self.lm_head = nn.Module()
-        self.lm_head.weight = nn.Parameter(torch.randn(96, D), requires_grad=False)
+        self.lm_head.weight = nn.Parameter(torch.randn(96, D, generator=torch.Generator().manual_seed(5)), requires_grad=False)
         self.lm_head.quant_method = None
 
 
@@ -135,7 +135,12 @@ def test_vocab_screening_through_upstream_lm_head_call():
     logits = LogitsProcessor._compute_lm_head(types.SimpleNamespace(), hidden, head)
     want = screen_logits(hidden, head.weight, quantize_rows(head.weight, "mxfp4"), 8)
     torch.testing.assert_close(logits, want.logits, rtol=0, atol=0)
-    full = (hidden.double() @ head.weight.double().t()).argmax(-1)
-    assert torch.equal(logits.argmax(-1), full)  # 300 states, 96 rows: no miss with 8 candidates
+    full = hidden.double() @ head.weight.double().t()
+    best = full.argmax(-1)
+    assert (want.candidates == best[:, None]).any(-1).all()  # 300 states, 96 rows: no miss with 8 candidates
+    # The pick is the FP64 best up to FP32 rounding of near-ties (CPUs' FP32 GEMMs may round differently).
+    chosen = logits.argmax(-1)
+    gap = full.max(-1).values - full.gather(-1, chosen[:, None]).squeeze(-1)
+    assert gap.max().item() <= 1e-4 and (chosen == best).float().mean().item() >= 0.98
     with pytest.raises(NotImplementedError, match="bias"):
         head.quant_method.apply(head, hidden, torch.zeros(96))
