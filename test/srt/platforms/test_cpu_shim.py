@@ -34,7 +34,8 @@ class TestCpuShim(unittest.TestCase):
 
     def test_conv_update_on_the_pool_layout_upstream_passes(self):
         D, K = 6, 4
-        w, x = torch.randn(D, K), torch.randn(9, D)
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(D, K, generator=gen), torch.randn(9, D, generator=gen)
         pool = torch.zeros(3, K - 1, D)  # KDA pool layout; upstream hands the transposed view
         for t in range(9):
             y = causal_conv1d_update_cpu(x[t : t + 1], pool.transpose(-1, -2), w, None, "silu", torch.tensor([1]))
