@@ -316,6 +316,7 @@ class CacheMetrics:
     checkpoints_stored: int = 0
     budget_evictions: int = 0  # inserts after which the joint device budget made the cache evict
     decode_end_skipped: int = 0  # decode-time states not donated (the policy predicted no reuse)
+    host_restore_replans: int = 0  # host restores planned again: making room evicted device KV the plan kept
     per_request: List[Dict[str, int]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> Dict[str, int]:
@@ -521,33 +522,46 @@ class HybridRadixCache(UnifiedRadixCache):
         before the scheduler sees the match), inserts KV and checkpoint into the
         tree together and counts the bytes moved.
         """
-        m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
-        dev = m.device_prefix_len
-        kv_dev = m.full_kv_hit_length
-        if not self.host.enabled:
-            return HostMatch(dev, dev, 0, kv_dev, m.last_device_node, 0)
-        hashes = self.prefix_hashes(token_ids, len(token_ids))
-        kv_hit, host_resume = kv_dev, dev
-        for i, h in enumerate(hashes):
-            pos = (i + 1) * self.page_size
-            if pos > kv_dev and not self.host.has_page(h):
+        # Making room may evict device KV of the very prefix the plan keeps on the device (only the resume
+        # node is locked, and the KV can reach deeper than it): the plan is then made again from the new
+        # device match (the evicted pages went to the host). Three tries, then the device match alone.
+        for _ in range(3):
+            m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
+            dev = m.device_prefix_len
+            kv_dev = m.full_kv_hit_length
+            if not self.host.enabled:
+                return HostMatch(dev, dev, 0, kv_dev, m.last_device_node, 0)
+            hashes = self.prefix_hashes(token_ids, len(token_ids))
+            kv_hit, host_resume = kv_dev, dev
+            for i, h in enumerate(hashes):
+                pos = (i + 1) * self.page_size
+                if pos > kv_dev and not self.host.has_page(h):
+                    break
+                kv_hit = max(kv_hit, pos)
+                if pos > dev and self.host.has_checkpoint(h):
+                    host_resume = pos
+            if host_resume <= dev:
+                return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+            if not load:
+                return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m.last_device_node, 0)
+            new_kv = max(0, host_resume - kv_dev)
+            loaded = new_kv * self.kv_bytes_per_token + self.state_bytes
+            lock = self.inc_lock_ref(m.last_device_node)
+            try:
+                ok = self._make_room(new_kv, 1)
+            finally:
+                self.dec_lock_ref(m.last_device_node, lock.to_dec_params())
+            if not ok:
+                return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+            after = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
+            if after.full_kv_hit_length >= kv_dev and after.device_prefix_len >= dev:
+                m = after  # the plan holds (room-making only evicts: the lengths are the plan's)
                 break
-            kv_hit = max(kv_hit, pos)
-            if pos > dev and self.host.has_checkpoint(h):
-                host_resume = pos
-        if host_resume <= dev:
-            return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
-        if not load:
-            return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m.last_device_node, 0)
-        new_kv = max(0, host_resume - kv_dev)
-        loaded = new_kv * self.kv_bytes_per_token + self.state_bytes
-        lock = self.inc_lock_ref(m.last_device_node)
-        try:
-            ok = self._make_room(new_kv, 1)
-        finally:
-            self.dec_lock_ref(m.last_device_node, lock.to_dec_params())
-        if not ok:
-            return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
+            self.metrics.host_restore_replans += 1
+        else:
+            m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
+            dev = m.device_prefix_len
+            return HostMatch(dev, dev, 0, m.full_kv_hit_length, m.last_device_node, 0)
         page_hashes = hashes[kv_dev // self.page_size : host_resume // self.page_size]
         state_hash = hashes[host_resume // self.page_size - 1]
         if self.host_payload is not None and not self.host_payload.has(page_hashes, state_hash):

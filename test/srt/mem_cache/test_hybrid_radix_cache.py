@@ -375,5 +375,29 @@ CacheMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=3
 TestCacheStateMachine = CacheMachine.TestCase
 
 
+class TestHostRestoreReplan(unittest.TestCase):
+    def test_restore_plans_again_when_making_room_evicts_the_device_kv_it_keeps(self):
+        """The state machine's find (fresh-clone run of 2026-12-01): a host restore locked only the resume node
+        (here the root), so making room for the restored KV evicted the 128 tokens of device KV below the host
+        resume point that the plan kept on the device, and the restore then inserted that range as index -1:
+        128 tokens counted as cached that no pool held. Now the restore plans again from the new device match
+        and brings the whole 192-token prefix back from the host."""
+        m = CacheMachine()
+        m.setup(host=10**9)
+        for extra, i in [(0, 1), (0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (55, 1), (92, 0), (0, 0), (28, 0), (35, 5)]:
+            m.request(extra=extra, i=i)
+            m.pools_balance()
+        metrics = m.cache.metrics
+        loaded_before = metrics.host_to_device_bytes
+        hm = m.cache.match_with_host(toks(50 + 55, 55, base=m.prompts[1]))
+        m.pools_balance()
+        self.assertEqual((hm.resume_len, hm.device_resume_len, hm.host_hit_len), (192, 0, 192))
+        self.assertEqual(hm.loaded_bytes, 192 * KVB + STB)  # all of [0, 192) from the host, and its checkpoint
+        self.assertEqual(metrics.host_to_device_bytes - loaded_before, hm.loaded_bytes)
+        self.assertEqual(metrics.host_restore_replans, 1)
+        key = RadixKey(toks(50 + 55, 55, base=m.prompts[1]))
+        self.assertEqual(m.cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len, 192)
+
+
 if __name__ == "__main__":
     unittest.main()
