@@ -389,14 +389,14 @@ class TestHostRestoreReplan(unittest.TestCase):
             m.pools_balance()
         metrics = m.cache.metrics
         loaded_before = metrics.host_to_device_bytes
-        hm = m.cache.match_with_host(toks(50 + 55, 55, base=m.prompts[1]))
+        prompt = toks(50 + 55, 55, base=m.prompts[1])  # the machine's request(extra=55, i=1)
+        hm = m.cache.match_with_host(prompt)
         m.pools_balance()
         self.assertEqual((hm.resume_len, hm.device_resume_len, hm.host_hit_len), (192, 0, 192))
         self.assertEqual(hm.loaded_bytes, 192 * KVB + STB)  # all of [0, 192) from the host, and its checkpoint
         self.assertEqual(metrics.host_to_device_bytes - loaded_before, hm.loaded_bytes)
         self.assertEqual(metrics.host_restore_replans, 1)
-        key = RadixKey(toks(50 + 55, 55, base=m.prompts[1]))
-        self.assertEqual(m.cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len, 192)
+        self.assertEqual(m.cache.match_prefix(MatchPrefixParams(key=RadixKey(prompt))).device_prefix_len, 192)
 
 
 if __name__ == "__main__":
