@@ -884,7 +884,7 @@ CHUNK_STATE_VARIANTS = [
     # w / u steps over the table as BF16 products (2026-11-30: the diagonal 16x16 inverses as 3xTF32
     # were also timed, variants inv_x3*, slower: option removed)
     # (2026-12-01) KDA decays formed from the raw gate in the A, w / u and output steps, with no gate cumsum
-    # launch and no FP32 G: 1.4-1.5x slower at B=8 T=16K and B=1 T=64K (the A programs 2x), option removed;
+    # launch and no FP32 G: 1.35-1.47x slower at B=8 T=16K and B=1 T=64K (the A programs 2x), option removed;
     # benchmark/results/2026-12-01-h200-prefill_gate_recompute.json, docs/kernels.md eleventh round
     ("solve_lowp", dict(intra_solve_lowp=True)),
     ("solve_lowp_w4", dict(intra_solve_lowp=True, intra_solve_warps=4)),
