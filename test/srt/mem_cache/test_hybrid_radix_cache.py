@@ -48,7 +48,8 @@ def hybrid(kv=100_000, slots=200, budget=None, host=0):
 
 def run_request(cache, alloc, pool, key: array, out_len: int = 5, upstream_finish: bool = False):
     """One request as the scheduler would: match, lock, allocate, store checkpoints where
-    the cache places them, unlock; returns the resume length."""
+    the cache places them, unlock; returns the resume length. A request the cache cannot make
+    room for (the locked entries fill the budget or a pool) is not admitted: lock released, nothing inserted."""
     hm = cache.match_with_host(key) if isinstance(cache, HybridRadixCache) else None
     if hm is not None:
         resume, kv_hit, node = hm.resume_len, hm.kv_hit_len, hm.last_node
@@ -57,8 +58,15 @@ def run_request(cache, alloc, pool, key: array, out_len: int = 5, upstream_finis
         resume, kv_hit, node = m.device_prefix_len, m.full_kv_hit_length, m.last_device_node
     lock = cache.inc_lock_ref(node)
     need = len(key) + out_len - resume
-    if isinstance(cache, HybridRadixCache):
-        assert cache._make_room(need, 1)
+    if isinstance(cache, HybridRadixCache) and not cache._make_room(need, 1):
+        # Legitimate only when the locked entries leave no room (the scheduler would not admit the request);
+        # a refusal with room to make is a cache bug.
+        locked = cache.protected_size() * KVB + cache.mamba_protected_size() * STB
+        no_room = (cache.device_budget_bytes is not None and locked + need * KVB + STB > cache.device_budget_bytes) \
+            or cache.protected_size() + need > alloc.size or cache.mamba_protected_size() + 1 > pool.mamba_allocator.size
+        assert no_room, (locked, need, cache.device_budget_bytes)
+        cache.dec_lock_ref(node, lock.to_dec_params())
+        return resume
     req_kv = alloc.alloc(need)
     assert req_kv is not None
     adopted = resume
@@ -373,6 +381,31 @@ class CacheMachine(RuleBasedStateMachine):
 
 CacheMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
 TestCacheStateMachine = CacheMachine.TestCase
+
+
+class TestLockedEntriesFillTheBudget(unittest.TestCase):
+    def test_room_is_refused_while_locked_entries_fill_the_budget_and_made_after_unlock(self):
+        """The state machine's second find (a 2,500-example run on 2026-12-01; the harness asserted every
+        request fits): with prefixes locked, 51,200 of the 98,400 budget bytes are locked and a 409-token
+        request (+ one checkpoint) needs 47,300 more, so the cache must refuse rather than evict a locked
+        entry; once the locks go, the same room is made."""
+        m = CacheMachine()
+        m.setup(host=0)
+        for _ in range(4):
+            m.match_and_lock(i=0)
+        m.request(extra=0, i=1)
+        m.match_and_lock(i=1)
+        m.request(extra=0, i=5)
+        m.match_and_lock(i=5)
+        cache = m.cache
+        locked = cache.protected_size() * KVB + cache.mamba_protected_size() * STB
+        self.assertEqual((locked, cache.device_budget_bytes), (51_200, 98_400))
+        self.assertFalse(cache._make_room(409, 1))
+        m.pools_balance()
+        self.assertEqual(cache.protected_size() * KVB + cache.mamba_protected_size() * STB, locked)  # nothing locked evicted
+        m.teardown()
+        self.assertTrue(cache._make_room(409, 1))
+        m.pools_balance()
 
 
 class TestHostRestoreReplan(unittest.TestCase):
