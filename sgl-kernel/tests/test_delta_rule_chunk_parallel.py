@@ -542,3 +542,80 @@ def test_gdn_state_pass_with_fused_output_matches_the_separate_output_step(monke
     assert [cp.use_fused_output(t, kind, True, False) for t in (table, off) for kind in (GATE_GDN, GATE_KDA_SAFE)] == \
         [table.fuse_output_gdn, False, False, False]
     assert not cp.use_fused_output(table, GATE_GDN, True, True) and not cp.use_fused_output(table, GATE_GDN, False, False)
+
+
+def test_kda_unstacked_a_programs_and_fused_output_match_the_separate_steps(monkeypatch):
+    """Twelfth round (issue 4). ``intra_aqk_tf32``: the KDA ``A`` programs take ``k`` and ``q`` as two
+    operands (``A`` from three TF32 products, ``Aqk`` from one) instead of the stacked ``[k; q]``; under the
+    interpreter (whose TF32 products are FP32) outputs and final states equal the stacked programs' to 1e-6
+    relative (a swapped row block, column block or head would be ~1 off). ``fuse_output_kda_bv``: those
+    programs also write ``q e^G`` (``[N, HV, K]``, scratch dtype) and q's row factor, and the state pass forms
+    the output, so no ``[NC, HV, K, V]`` chunk-start states are allocated and the output launch is skipped:
+    BF16 scratch, two ragged sequences with initial states, GVA (2 value heads per q / k head), four state key
+    blocks (K = 32, key block 8; V = 16) and the sm_90 table: final states bit-identical to the separate output step,
+    outputs within 1e-3 relative of it (same BF16 roundings, another order; dropping ``Aqk v_new`` gives ~1)
+    and within the BF16 bound (1.5e-2) of the FP64 recurrence (fla's gate); the NaN-prefilled output is
+    filled. ``fuse_output=True`` raises ``ValueError`` for the unbounded KDA gate, a lower bound past the
+    factorised range (15 |lb| > 80) and FP32 products; the sm_90 table fuses at 32-column state tiles only."""
+    import dataclasses
+
+    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA, GATE_KDA_SAFE
+
+    gen = torch.Generator().manual_seed(37)
+    lens, H, HV, K, V = [150, 41], 1, 2, 32, 16
+    N = sum(lens)
+    q, k, v, f, b, A, dtb = _batch(gen, 1, N, H, HV, K, V, "kda")
+    init = torch.randn(2, HV, K, V, generator=gen) * 0.1
+    cu = torch.tensor([0, lens[0], N])
+    real_empty = torch.empty
+    made = []
+
+    def spy(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        made.append((tuple(t.shape), t.dtype))
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy)
+    small = cp.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
+                           intra_a_kd=16, intra_a_stacked=True, intra_solve_lowp=True, state_lowp=True, output_lowp=True,
+                           intra_precision="tf32x3", intra_aqk_tf32=True)
+    qe, ke = torch.repeat_interleave(l2_norm(q), HV // H, 1), torch.repeat_interleave(l2_norm(k), HV // H, 1)
+    rel = lambda a, r: float((a.double() - r.double()).norm() / r.double().norm())  # noqa: E731
+
+    def run(launch, fuse, kind=GATE_KDA_SAFE, lb=-5.0, sd=torch.bfloat16, tf32=True):
+        pool = init.clone()
+        out = torch.full((N, HV, V), NAN)
+        o = cp.gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.arange(2), torch.ones(2, dtype=torch.int32),
+                                          kind, lb, K ** -0.5, True, "kv", [], None, lens, tf32=tf32, scratch_dtype=sd,
+                                          launch=launch, out=out, fuse_output=fuse)
+        assert o is out and not o.isnan().any()
+        return o, pool
+
+    for launch in (small, cp.INTERPRETER_LAUNCH):
+        stacked = run(dataclasses.replace(launch, intra_aqk_tf32=False), False, sd=torch.float32)
+        split = run(launch, False, sd=torch.float32)
+        assert rel(split[0], stacked[0]) < 1e-6 and rel(split[1], stacked[1]) < 1e-6
+        res = {}
+        for fuse in (False, True):
+            made.clear()
+            res[fuse] = run(launch, fuse)
+            assert (((3 + 1, HV, K, V), torch.bfloat16) in made) != fuse  # chunk-start states: 3 + 1 chunks
+            assert made.count(((N, HV, K), torch.bfloat16)) == 2 + fuse  # w, kg (and q e^G when fused)
+            assert made.count(((N, HV, V), torch.bfloat16)) == 2 - fuse  # u (and v_new when not fused)
+        assert torch.equal(res[False][1], res[True][1])
+        assert rel(res[True][0], res[False][0]) < 1e-3
+        for i, n0 in enumerate((0, lens[0])):
+            sl = slice(n0, n0 + lens[i])
+            ro = gated_delta_recurrent(qe[sl], ke[sl], v[sl], kda_gate(f[sl], A, dtb, -5.0), torch.sigmoid(b[sl]),
+                                       initial_state=init[i], scale=K ** -0.5, acc_dtype=torch.float64)[0]
+            assert rel(res[True][0][sl], ro) < 1.5e-2
+    for kw in (dict(kind=GATE_KDA, lb=None), dict(lb=-10.0), dict(tf32=False)):
+        with pytest.raises(ValueError, match="fuse_output"):
+            run(small, True, **kw)
+    table = cp.CHUNK_LAUNCH[("sm90", 132)]
+    assert [cp.use_fused_output(table, GATE_KDA_SAFE, True, False, -5.0, True, bv) for bv in (16, 32, 64)] == \
+        [False, True, False]
+    assert not cp.use_fused_output(table, GATE_KDA_SAFE, True, True, -5.0, True, 32)  # checkpoints
+    assert not cp.use_fused_output(dataclasses.replace(table, fuse_output_kda_bv=()), GATE_KDA_SAFE, True, False, -5.0,
+                                   True, 32)

@@ -76,6 +76,9 @@ class ChunkLaunch:
     four copies of the body, whose column-block tests are then static (straight-line code, the row
     operand kept in registers); ``intra_a_direct`` (stacked, KDA): each pair's columns as
     ``k_s e^{G_r - G_s}`` in one exponential per element instead of ``(k_s e^{E_j - G_s}) e^{G_r - E_j}``;
+    ``intra_aqk_tf32`` (stacked, KDA, ``tf32x3``): ``k`` and ``q`` as two operands, ``A`` from three TF32
+    products and ``Aqk`` (which the output step rounds to the BF16 scratch) from one, as fla builds it;
+    ``intra_aqk_stages``: those programs' pipelining stages (0: ``intra_a_stages``);
     ``intra_inv_chain`` (``tf32x3``): the inverse launch's merges as chained TF32 products on operands
     split once; ``intra_inv_lowp`` (with ``intra_solve_lowp`` and 16-bit scratch): the inverse launch
     stores the finished inverse in the scratch dtype, which the ``w`` / ``u`` step rounds it to anyway
@@ -98,8 +101,11 @@ class ChunkLaunch:
     the state pass also forms the output (``chunk_state_kernel`` with ``FUSE_O``; q's row factor and ``Aqk``,
     in the scratch dtype, written by the ``A`` programs), so neither the chunk-start states nor ``v_new``
     go through memory and the output launch is skipped; ``state_kd_fused`` / ``state_stages_fused``: that pass's key block and pipelining
-    stages (0: ``state_kd`` / ``state_stages_lowp``). KDA keeps the separate output step (its ``q e^G``
-    would have to be written by another launch first, which cost more than the fusion saved on the H200);
+    stages (0: ``state_kd`` / ``state_stages_lowp``); ``fuse_output_kda_bv`` (KDA with ``intra_aqk_tf32``;
+    same contract): the state tiles (value columns, as :func:`pick_state_tile` chose them) at which the
+    state pass also forms KDA's output from the ``q e^G`` and row factor the unstacked ``A`` programs write
+    (empty: never; narrower tiles re-read ``q e^G`` too often, and the 64-column pass spills);
+    ``state_kd_fused_kda``: that pass's key block (0: ``state_kd_fused``);
     ``value_tile``: value columns per output program; ``output_lowp``: the output step's two
     products take ``q e^G`` and ``Aqk`` rounded to the BF16 scratch (BF16 tensor-core products with
     FP32 accumulation, as fla's output step; FP32 scratch: unchanged); ``output_kd`` /
@@ -129,6 +135,9 @@ class ChunkLaunch:
     intra_diag_inv: bool = False
     intra_a_rowspec: bool = False
     intra_a_direct: bool = False
+    intra_aqk_tf32: bool = False
+    intra_aqk_stages: int = 0
+    fuse_output_kda_bv: Tuple[int, ...] = ()
     intra_inv_chain: bool = False
     intra_inv_lowp: bool = False
     fast_exp: bool = False
@@ -148,6 +157,7 @@ class ChunkLaunch:
     state_lowp: bool = False
     fuse_output_gdn: bool = False
     state_kd_fused: int = 0
+    state_kd_fused_kda: int = 0
     state_stages_fused: int = 0
     value_tile: int = 32
     output_warps: int = 8
@@ -170,6 +180,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_stages_lowp=4, state_lowp=True,
                                state_bv_costs=((16, 1.0), (32, 1.27), (64, 2.08)),
                                fuse_output_gdn=True, state_kd_fused=64, state_stages_fused=3,
+                               intra_aqk_tf32=True, intra_aqk_stages=4, fuse_output_kda_bv=(32,), state_kd_fused_kda=128,
                                value_tile=128, output_warps=4, output_lowp=True, output_kd=32, output_stages=3,
                                intra_solve_lowp=True, intra_bv=64,
                                source="spill-free in compile_gate for sm90; timed on the H200 (bench_delta_rule.py, B=1 T=64K and "
@@ -226,9 +237,10 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     contract): the stacked ``A`` programs also write q's row factor and the state pass forms the output
     (``FUSE_O``); there is no ``"output"`` part. Raises ``ValueError`` for ``fuse_output`` outside that
     contract."""
-    if fuse_output and not fused_output_allowed(launch, kind, lowp_scratch, ckpt):
-        raise ValueError("fuse_output: needs GDN with the stacked A programs (launch.intra_split, intra_a_stacked), "
-                         "a 16-bit scratch without the group scan, and no checkpoints")
+    if fuse_output and not fused_output_allowed(launch, kind, lowp_scratch, ckpt, lower_bound, tf32):
+        raise ValueError("fuse_output: needs the stacked A programs (launch.intra_split, intra_a_stacked) for GDN, or "
+                         "for the bounded KDA gate with launch.intra_aqk_tf32 and TF32 products; a 16-bit scratch "
+                         "without the group scan, and no checkpoints")
     BK = triton.next_power_of_2(K)
     BVP = triton.next_power_of_2(V)
     sbv = min(value_tile or state_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
@@ -250,15 +262,18 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                     KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv,
                                                     FAST_EXP=launch.fast_exp and not interpret,
                                                     ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct,
-                                                    # without RQ the pointer is a None constexpr: the binary is unchanged
-                                                    RQ=fuse_output, **({} if fuse_output else {"rq_ptr": None})))
+                                                    SPLITQ=_splitq(launch, kind, lower_bound, tf32),
+                                                    # without RQ the pointers are None constexprs: the binary is unchanged
+                                                    RQ=fuse_output, **({} if fuse_output else {"rq_ptr": None}),
+                                                    **({} if fuse_output and kind != GATE_GDN else {"qeg_ptr": None})))
         else:
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
                                                  KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec))
         intra = {
             "intra_a": a_part + ((launch.intra_arow_warps or launch.intra_a_warps) if stacked else launch.intra_a_warps,
-                                 (BT // BC,), launch.intra_a_stages),
+                                 (BT // BC,), (launch.intra_aqk_stages or launch.intra_a_stages)
+                                 if _splitq(launch, kind, lower_bound, tf32) else launch.intra_a_stages),
             "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
                                                            APREC=aprec, INV=launch.intra_inv,
                                                            LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0),
@@ -277,7 +292,7 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     stages = launch.state_stages_lowp if lowp_scratch and not ckpt and launch.state_stages_lowp else launch.state_stages
     if fuse_output:
         stages = launch.state_stages_fused or stages
-        skd = launch.state_kd_fused or skd
+        skd = (kind != GATE_GDN and launch.state_kd_fused_kda) or launch.state_kd_fused or skd
     parts = {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
@@ -296,16 +311,32 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     return parts
 
 
-def fused_output_allowed(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool) -> bool:
-    """The fused output's contract (issue 4): GDN with the stacked ``A`` programs (they write q's row
-    factor), a 16-bit scratch without the group scan (``lowp_scratch``), no checkpoints."""
-    return kind == GATE_GDN and launch.intra_split and launch.intra_a_stacked and lowp_scratch and not ckpt
+def _splitq(launch: ChunkLaunch, kind: int, lower_bound: Optional[float], tf32: bool) -> bool:
+    """Whether the stacked KDA ``A`` programs run with ``k`` and ``q`` unstacked (``intra_aqk_tf32``): the
+    bounded gate with 3xTF32 products."""
+    return (launch.intra_aqk_tf32 and kind == GATE_KDA_SAFE and tf32 and launch.intra_precision == "tf32x3"
+            and lower_bound is not None and (BC - 1) * abs(lower_bound) <= 80.0)
 
 
-def use_fused_output(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool) -> bool:
+def fused_output_allowed(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool,
+                         lower_bound: Optional[float] = None, tf32: bool = True) -> bool:
+    """The fused output's contract (issue 4): the stacked ``A`` programs write q's row factor (GDN), or
+    ``q e^G`` and the row factor (KDA with the bounded gate and unstacked ``k`` / ``q``, ``intra_aqk_tf32``,
+    which needs ``lower_bound`` and TF32 products); a 16-bit scratch without the group scan
+    (``lowp_scratch``); no checkpoints."""
+    if not (launch.intra_split and launch.intra_a_stacked and lowp_scratch and not ckpt):
+        return False
+    return kind == GATE_GDN or _splitq(launch, kind, lower_bound, tf32)
+
+
+def use_fused_output(launch: ChunkLaunch, kind: int, lowp_scratch: bool, ckpt: bool,
+                     lower_bound: Optional[float] = None, tf32: bool = True, state_tile: Optional[int] = None) -> bool:
     """Whether the state pass forms the output by default: :func:`fused_output_allowed` and the table's
-    ``launch.fuse_output_gdn``."""
-    return launch.fuse_output_gdn and fused_output_allowed(launch, kind, lowp_scratch, ckpt)
+    ``launch.fuse_output_gdn`` (GDN) / ``state_tile in launch.fuse_output_kda_bv`` (KDA; H200, B=8 T=16K at
+    32 columns: state pass + output 1,535 -> ~1,000 us, the ``A`` programs +240 us; at B=1, 16 columns,
+    slower)."""
+    on = launch.fuse_output_gdn if kind == GATE_GDN else state_tile in launch.fuse_output_kda_bv
+    return on and fused_output_allowed(launch, kind, lowp_scratch, ckpt, lower_bound, tf32)
 
 
 def pick_state_tile(launch: ChunkLaunch, programs_per_tile: int, V: int, num_compute_units: int) -> int:
@@ -477,7 +508,8 @@ def gated_delta_chunk_parallel(
         state_tile = pick_state_tile(launch, S * HV, V, device_platform(dev).num_compute_units or 0)
     lowp = sd.itemsize == 2 and not group_chunks
     if fuse_output is None:
-        fuse_output = use_fused_output(launch, kind, lowp, ckpt_idx is not None)
+        fuse_output = use_fused_output(launch, kind, lowp, ckpt_idx is not None, lower_bound, tf32,
+                                       state_tile if state_tile is not None else launch.state_bv)
     p = launch_params(launch, kind, H, HV, K, V, lb, l2norm, tf32, ckpt_idx is not None, value_tile, num_warps,
                       interpret=dev.type == "cpu", state_tile=state_tile, lowp_scratch=lowp, fuse_output=fuse_output)
     gshape = (N, HV) if kind == GATE_GDN else (N, HV, K)
@@ -487,11 +519,13 @@ def gated_delta_chunk_parallel(
     w = torch.empty(N, HV, K, dtype=sd, device=dev)
     kg = torch.empty(N, HV, K, dtype=sd, device=dev)
     u = torch.empty(N, HV, V, dtype=sd, device=dev)
+    qeg = rq = None
     if fuse_output:
-        rq = torch.empty(N, HV, dtype=torch.float32, device=dev)  # q's row factor
         vn = h = u  # not written
+        rq = torch.empty(N, HV, dtype=torch.float32, device=dev)  # q's row factor
+        if kind != GATE_GDN:
+            qeg = torch.empty(N, HV, K, dtype=sd, device=dev)  # KDA: q e^G (raw q), the fused pass's left operand
     else:
-        rq = None
         vn = torch.empty(N, HV, V, dtype=sd, device=dev)
         h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
     kern, cx, nw, grid = p["cumsum"]
@@ -503,7 +537,7 @@ def gated_delta_chunk_parallel(
         a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
         kern, cx, nw, grid, ns = p["intra_a"]
         kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns,
-                              **({"rq_ptr": rq} if fuse_output else {}))
+                              **({"rq_ptr": rq} if rq is not None else {}), **({"qeg_ptr": qeg} if qeg is not None else {}))
         m_rows = a_rows  # the inverse's rows: over A (FP32), or the 16-bit scratch that w / u round M to anyway
         if "intra_inv" in p:
             if launch.intra_inv_lowp and launch.intra_solve_lowp and sd.itemsize == 2:
@@ -529,7 +563,7 @@ def gated_delta_chunk_parallel(
         kern[grid + (S * HV,)](
             k, G, kg, w, u, vn, h, cu_seqlens, coff, state, state_indices, has_initial_state, cp,
             ckpt_idx if ckpt_idx is not None else state_indices, n_sub, *strides(state), *strides(cp),
-            q, rq if fuse_output else G, aqk, o, **cx, num_warps=nw)
+            q if qeg is None else qeg, G if rq is None else rq, aqk, o, **cx, num_warps=nw)
     if "output" in p:
         kern, cx, nw, grid, ns = p["output"]
         kern[grid + (NC, HV)](q, G, aqk, vn, h, o, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns)

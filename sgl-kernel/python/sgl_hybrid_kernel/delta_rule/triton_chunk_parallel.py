@@ -754,6 +754,18 @@ def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST:
 
 
 @triton.jit
+def _ab_acc_splitq(XA, XQ, kh, kl, qx, kt, Gr, E, FAST: tl.constexpr, DIRECT: tl.constexpr):
+    """One key block of pair ``(i, j)`` for :func:`_arow_block_splitq`: the columns as in :func:`_ab_acc`
+    (KDA), ``XA += (kh + kl) c`` as three TF32 products (:func:`_dot3_split`), ``XQ += qx c`` as one."""
+    if DIRECT:
+        c = tl.trans(kt * _exp(Gr[None, :] - E, FAST))
+    else:
+        c = tl.trans(kt * _exp(Gr - E, FAST)[None, :])
+    XQ = tl.dot(qx, c, XQ, input_precision="tf32")
+    return _dot3_split(kh, kl, c, XA), XQ
+
+
+@triton.jit
 def _ab_store(X, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV: tl.constexpr,
               BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr, DIAG_INV: tl.constexpr):
     """Finish and store block pair ``(i, j)`` of a stacked ``[2 BC, BC]`` accumulator: ``A`` (row factor
@@ -761,6 +773,13 @@ def _ab_store(X, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T,
     sums of squares ``sc_j``), GDN's decay matrix, masked strict / causal by token (zeros for ``j > i``);
     with ``DIAG_INV`` the diagonal block is stored as ``(I + A_ii)^-1`` (repeated squaring, IEEE)."""
     Akk, Aq = tl.split(tl.permute(tl.reshape(X, (2, BC, BC)), (1, 2, 0)))
+    _ab_store_pair(Akk, Aq, i, j, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV)
+
+
+@triton.jit
+def _ab_store_pair(Akk, Aq, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV: tl.constexpr,
+                   BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr, DIAG_INV: tl.constexpr):
+    """:func:`_ab_store` of the two ``[BC, BC]`` halves, ``A`` rows ``Akk`` and ``Aqk`` rows ``Aq``."""
     if L2NORM:
         rc = tl.rsqrt(sc_j + 1e-6)
     else:
@@ -811,6 +830,8 @@ def chunk_intra_arow_kernel(
     DIRECT: tl.constexpr = False,  # column factors e^{G_r - G_s} per pair (ChunkLaunch.intra_a_direct)
     rq_ptr=None,  # out [N, HV] FP32 q's row factor (RQ; None otherwise: no argument compiled)
     RQ: tl.constexpr = False,  # GDN: store q's row factor for the state pass that forms the output (FUSE_O)
+    SPLITQ: tl.constexpr = False,  # KDA tf32x3: Aqk as its own single TF32 product (ChunkLaunch.intra_aqk_tf32)
+    qeg_ptr=None,  # out [N, HV, K] q e^G (raw q; scratch dtype) for the fused KDA output (SPLITQ with RQ)
 ):
     """Split in-chunk step, part 1, stacked form (``intra_a_stacked``, issue 4): grid (chunks, HV, BT / BC);
     program ``i`` builds rows ``i*BC ..`` of ``A`` and ``Aqk`` as :func:`chunk_intra_a_kernel` does, with
@@ -821,14 +842,19 @@ def chunk_intra_arow_kernel(
     <= 80``) or GDN; the unbounded gate keeps :func:`chunk_intra_a_kernel`. Every product with ``APREC``
     (FP32 inputs and accumulation for ``A``; ``Aqk`` in the same product). ``RQ`` (GDN): also each row's
     ``rsqrt(|q|^2 + 1e-6) x scale x e^G``, the factor the fused output (:func:`chunk_state_kernel` with
-    ``FUSE_O``) applies to its ``q h_c`` rows."""
-    tl.static_assert(not RQ or GATE == 2, "q's row factor is written for the fused GDN output")
+    ``FUSE_O``) applies to its ``q h_c`` rows. ``SPLITQ`` (KDA, ``APREC == "tf32x3"``): ``k`` and ``q`` are
+    not stacked; ``A`` takes the three TF32 products and ``Aqk`` one (:func:`_arow_block_splitq`); with ``RQ``
+    it writes ``q e^G`` (raw q) and q's row factor ``rsqrt(|q|^2 + 1e-6) x scale`` for the fused KDA output."""
+    tl.static_assert(not RQ or GATE == 2 or SPLITQ, "q's row factor: the fused GDN output, or KDA's with SPLITQ")
+    tl.static_assert(not SPLITQ or (GATE != 2 and APREC == "tf32x3"), "SPLITQ: the KDA gate with tf32x3 products")
     i_hv = tl.program_id(1)
     i = tl.program_id(2)
     i_h = i_hv // (HV // H)
     if RQ:
         t0r, _Tr = _chunk_start(cu_ptr, cidx_ptr, tl.program_id(0), BT)
         rq_ptr = rq_ptr + t0r * HV
+        if SPLITQ:
+            qeg_ptr = qeg_ptr + t0r * (HV * K)
     T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
                                                                   cidx_ptr, H, HV, K, BT, GATE)
     if ROWSPEC:
@@ -836,28 +862,111 @@ def chunk_intra_arow_kernel(
         # re-staged across the (now absent) branches
         if i == 0:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 0, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr)
         elif i == 1:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 1, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr)
         elif i == 2:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 2, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr)
         else:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 3, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr)
     else:
         _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC, GATE,
-                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
+                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr)
 
 
 @triton.jit
 def _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H: tl.constexpr, HV: tl.constexpr,
                 K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr,
                 L2NORM: tl.constexpr, KD: tl.constexpr, APREC: tl.constexpr, DIAG_INV: tl.constexpr,
-                FAST_EXP: tl.constexpr, DIRECT: tl.constexpr, rq_ptr, RQ: tl.constexpr):
+                FAST_EXP: tl.constexpr, DIRECT: tl.constexpr, rq_ptr, RQ: tl.constexpr, SPLITQ: tl.constexpr = False,
+                qeg_ptr=None):
     """Body of :func:`chunk_intra_arow_kernel` for row block ``i`` (a program id, or a literal, which
     makes every ``i >= j`` test below static)."""
+    if SPLITQ:
+        _arow_block_splitq(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC,
+                           L2NORM, KD, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, qeg_ptr, RQ)
+    else:
+        _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC,
+                            GATE, L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ)
+
+
+@triton.jit
+def _arow_block_splitq(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H: tl.constexpr,
+                       HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                       L2NORM: tl.constexpr, KD: tl.constexpr, DIAG_INV: tl.constexpr, FAST_EXP: tl.constexpr,
+                       DIRECT: tl.constexpr, rq_ptr, qeg_ptr, QEG: tl.constexpr):
+    """Row block ``i`` of ``A`` and ``Aqk`` (KDA, bounded gate, ``tf32x3``) with ``k`` and ``q`` as two
+    ``[BC, KD]`` operands instead of one stacked ``[2 BC, KD]``: the row factor ``e^{G_t - G_r}`` is
+    exponentiated once for both (the stacked rows repeat ``G``), the row split of :func:`_tf32_split`
+    covers ``k`` only, and ``Aqk`` is one TF32 product (``A``: three, FP32 inputs and accumulation as
+    the issue asks of the dependency matrix). ``Aqk`` only feeds the output step, which rounds it to the
+    BF16 scratch (``output_lowp``) before its product, and fla builds it with one TF32 product too.
+    ``QEG`` (the fused KDA output): also ``q e^G = (q e^{G_t - G_r}) e^{G_r}`` (raw q, in ``qeg_ptr``'s
+    dtype; the key-block loop has both factors) and q's row factor ``rsqrt(|q|^2 + 1e-6) x scale`` (FP32,
+    ``rq_ptr``), which the state pass (``FUSE_O``) applies to its ``(q e^G) h_c`` rows. (Normalising
+    ``q e^G`` here instead, in a second pass over q and G once the norms are known, cost the H200 more in
+    these programs than the row factor costs the state pass.) Issue 4 (twelfth round)."""
+    zb = tl.zeros([BC, BC], dtype=tl.float32)
+    A0, A1, A2, A3 = zb, zb, zb, zb
+    Q0, Q1, Q2, Q3 = zb, zb, zb, zb
+    zc = tl.zeros([BC], dtype=tl.float32)
+    c0, c1, c2, c3 = zc, zc, zc, zc
+    sk, sq = zc, zc
+    o_t = i * BC + tl.arange(0, BC)
+    m_i = o_t < T
+    for kd in range(0, BK, KD):
+        o_d = kd + tl.arange(0, KD)
+        kr = _tile(k_ptr, o_t, m_i, i_h, H, K, kd, KD)
+        qr = _tile(q_ptr, o_t, m_i, i_h, H, K, kd, KD)
+        sk += tl.sum(kr * kr, axis=1)
+        sq += tl.sum(qr * qr, axis=1)
+        Gr = tl.load(g_ptr + (tl.minimum(i * BC, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
+        ef = _exp(_tile(g_ptr, tl.minimum(o_t, T - 1), m_i | ~m_i, i_hv, HV, K, kd, KD) - Gr[None, :], FAST_EXP)
+        kh, kl = _tf32_split(kr * ef)
+        qx = qr * ef
+        if QEG:
+            tl.store(qeg_ptr + (o_t[:, None] * HV + i_hv) * K + o_d[None, :],
+                     (qx * _exp(Gr, FAST_EXP)[None, :]).to(qeg_ptr.dtype.element_ty), mask=m_i[:, None] & (o_d < K)[None, :])
+        kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
+        c0 += sc
+        A0, Q0 = _ab_acc_splitq(A0, Q0, kh, kl, qx, kt, Gr, E, FAST_EXP, DIRECT)
+        if i >= 1:
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 1, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
+            c1 += sc
+            A1, Q1 = _ab_acc_splitq(A1, Q1, kh, kl, qx, kt, Gr, E, FAST_EXP, DIRECT)
+        if i >= 2:
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 2, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
+            c2 += sc
+            A2, Q2 = _ab_acc_splitq(A2, Q2, kh, kl, qx, kt, Gr, E, FAST_EXP, DIRECT)
+        if i >= 3:
+            kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
+            c3 += sc
+            A3, Q3 = _ab_acc_splitq(A3, Q3, kh, kl, qx, kt, Gr, E, FAST_EXP, DIRECT)
+    beta = tl.load(b_ptr + o_t * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
+    beta = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta)), 0.0)
+    if L2NORM:
+        rk = tl.rsqrt(sk + 1e-6) * beta
+        rq = tl.rsqrt(sq + 1e-6) * scale
+    else:
+        rk = beta
+        rq = sq * 0.0 + scale
+    _ab_store_pair(A0, Q0, i, 0, rk, rq, c0, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV)
+    _ab_store_pair(A1, Q1, i, 1, rk, rq, c1, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV)
+    _ab_store_pair(A2, Q2, i, 2, rk, rq, c2, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV)
+    _ab_store_pair(A3, Q3, i, 3, rk, rq, c3, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV)
+    if QEG:
+        tl.store(rq_ptr + o_t * HV + i_hv, rq, mask=m_i)
+
+
+@triton.jit
+def _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H: tl.constexpr,
+                        HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                        GATE: tl.constexpr, L2NORM: tl.constexpr, KD: tl.constexpr, APREC: tl.constexpr,
+                        DIAG_INV: tl.constexpr, FAST_EXP: tl.constexpr, DIRECT: tl.constexpr, rq_ptr, RQ: tl.constexpr):
+    """The stacked ``[k; q]`` body of :func:`_arow_block`."""
     z = tl.zeros([2 * BC, BC], dtype=tl.float32)
     X0, X1, X2, X3 = z, z, z, z
     zc = tl.zeros([BC], dtype=tl.float32)
@@ -1058,7 +1167,7 @@ def chunk_state_kernel(
     c_h,
     c_k,
     c_v,
-    q_ptr,  # [N, H, K] (read only with FUSE_O)
+    q_ptr,  # [N, H, K] GDN's q / [N, HV, K] KDA's q e^G (the A programs' QEG); read only with FUSE_O
     rq_ptr,  # [N, HV] FP32 q's row factor (chunk_intra_arow_kernel with RQ; read only with FUSE_O)
     aqk_ptr,  # [N, HV, BT] (read only with FUSE_O)
     o_ptr,  # out [N, HV, V] (only with FUSE_O)
@@ -1081,12 +1190,15 @@ def chunk_state_kernel(
     FUSE_O: tl.constexpr = False,  # GDN: also form the output; no h / v_new stored
 ):
     """Step [3]: the chunk-start states ``h_c`` and ``v_new = u - w h_c`` per (sequence, value head,
-    value tile), walking the chunks in order. ``FUSE_O`` (GDN, no checkpoints; issue 4): also step [4],
+    value tile), walking the chunks in order. ``FUSE_O`` (no checkpoints; issue 4): also step [4],
     ``o = rq (q h_c) + Aqk v_new`` with q's row factor ``rq`` (norm x scale x ``e^G``, written by the
-    stacked ``A`` programs), from the state in registers, with ``h_c`` and ``v_new`` rounded to the
+    stacked ``A`` programs; KDA: ``q e^G`` in place of ``q`` and ``rq`` = norm x scale, both from the
+    ``A`` programs with ``SPLITQ``), from the state in registers, with ``h_c`` and ``v_new`` rounded to the
     scratch dtype as the output step would read them back; neither goes through memory."""
     tl.static_assert(BK <= 4 * KD, "the state is held as at most four key blocks")
-    tl.static_assert(not FUSE_O or (GATE == 2 and not CKPT), "the fused output: GDN, no checkpoints")
+    tl.static_assert(not FUSE_O or not CKPT, "the fused output: no checkpoints")
+    # the fused output's q operand: GDN's q ([N, H, K]; rq carries e^G) or KDA's q e^G ([N, HV, K])
+    QH: tl.constexpr = H if GATE == 2 else HV
     i_v = tl.program_id(0)
     i_sh = tl.program_id(1)
     i_s = i_sh // HV
@@ -1130,17 +1242,18 @@ def chunk_state_kernel(
         vnc_ptr = vn_ptr + t0 * (HV * V)
         p_h = h_ptr + ((coff + c) * HV + i_hv) * K * V
         if FUSE_O:
-            qc_ptr = q_ptr + t0 * (H * K)
+            qc_ptr = q_ptr + t0 * (QH * K)
+            i_q = i_h if GATE == 2 else i_hv
             oc_ptr = o_ptr + t0 * (HV * V)
             aq = tl.load(aqk_ptr + t0 * (HV * BT) + (tok[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
             rq = tl.load(rq_ptr + t0 * HV + tok * HV + i_hv, mask=m_t, other=0.0)
-            q0 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, 0, KD)
+            q0 = _tile_raw(qc_ptr, tok, m_t, i_q, QH, K, 0, KD)
             if BK > KD:
-                q1 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, KD, KD)
+                q1 = _tile_raw(qc_ptr, tok, m_t, i_q, QH, K, KD, KD)
             if BK > 2 * KD:
-                q2 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, 2 * KD, KD)
+                q2 = _tile_raw(qc_ptr, tok, m_t, i_q, QH, K, 2 * KD, KD)
             if BK > 3 * KD:
-                q3 = _tile_raw(qc_ptr, tok, m_t, i_h, H, K, 3 * KD, KD)
+                q3 = _tile_raw(qc_ptr, tok, m_t, i_q, QH, K, 3 * KD, KD)
         last = tl.minimum(BT - 1, Tc - 1)
         # EARLY: every load of the step before its first store (stores may alias loads, so a
         # load after one waits for it): one memory round trip per chunk, not one per block.
