@@ -839,6 +839,13 @@ CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
 CHUNK_STATE_VARIANTS = [
     ("table", {}),
+    # twelfth round (issue 4): KDA A programs with k and q unstacked (A from three TF32 products, Aqk from one;
+    # intra_aqk_tf32) and the state pass forming KDA's output at 32-column tiles (fuse_output_kda_bv)
+    ("stacked_aqk", dict(intra_aqk_tf32=False, fuse_output_kda_bv=())),
+    ("nofuse_kda", dict(fuse_output_kda_bv=())),
+    ("fuse_kda_bv16", dict(fuse_output_kda_bv=(16, 32))),
+    ("fuse_kda_b4", dict(state_bv_costs=((16, 1.0), (32, 1.27)))),
+    ("aqk_st3", dict(intra_aqk_stages=3)),
     ("st1", dict(state_stages=1)),
     ("st2", dict(state_stages=2)),
     ("st4", dict(state_stages=4)),
