@@ -555,7 +555,8 @@ def test_kda_unstacked_a_programs_and_fused_output_match_the_separate_steps(monk
     blocks (K = 32, key block 8; V = 16) and the sm_90 table: final states bit-identical to the separate output step,
     outputs within 1e-3 relative of it (same BF16 roundings, another order; dropping ``Aqk v_new`` gives ~1)
     and within the BF16 bound (1.5e-2) of the FP64 recurrence (fla's gate); the NaN-prefilled output is
-    filled. ``fuse_output=True`` raises ``ValueError`` for the unbounded KDA gate, a lower bound past the
+    filled; every scratch buffer starts as NaN (the blocks of ``A`` and ``Aqk`` above the diagonal are not stored and
+must not be read). ``fuse_output=True`` raises ``ValueError`` for the unbounded KDA gate, a lower bound past the
     factorised range (15 |lb| > 80) and FP32 products; the sm_90 table fuses at 32-column state tiles only."""
     import dataclasses
 
@@ -571,10 +572,10 @@ def test_kda_unstacked_a_programs_and_fused_output_match_the_separate_steps(monk
     real_empty = torch.empty
     made = []
 
-    def spy(*shape, **kw):
-        t = real_empty(*shape, **kw)
+    def spy(*shape, **kw):  # every scratch buffer starts as NaN: a read of an unwritten element (e.g. the
+        t = real_empty(*shape, **kw)  # A / Aqk blocks above the diagonal, which are not stored) reaches the output
         made.append((tuple(t.shape), t.dtype))
-        return t
+        return t.fill_(NAN) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", spy)
     small = cp.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
