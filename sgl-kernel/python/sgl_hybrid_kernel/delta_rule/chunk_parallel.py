@@ -263,11 +263,11 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                     FAST_EXP=launch.fast_exp and not interpret,
                                                     ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct,
                                                     SPLITQ=_splitq(launch, kind, lower_bound, tf32),
-                                                    # without RQ the pointers are None constexprs: the binary is unchanged
                                                     # zero blocks above the diagonal only for readers of whole
                                                     # rows: the solve without the inverse launch (A), the state
                                                     # pass forming the output (Aqk)
                                                     A_UPPER=not launch.intra_inv, Q_UPPER=fuse_output,
+                                                    # without RQ the pointers are None constexprs: the binary is unchanged
                                                     RQ=fuse_output, **({} if fuse_output else {"rq_ptr": None}),
                                                     **({} if fuse_output and kind != GATE_GDN else {"qeg_ptr": None})))
         else:

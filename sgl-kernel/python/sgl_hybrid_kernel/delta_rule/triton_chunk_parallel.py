@@ -754,6 +754,18 @@ def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST:
 
 
 @triton.jit
+def _ab_row_factors(b_ptr, o_t, m_i, i_hv, HV: tl.constexpr, sk, sq, scale, L2NORM: tl.constexpr):
+    """Row factors of a row block's ``A`` (``rsqrt(|k|^2 + 1e-6) x sigmoid(beta)``) and ``Aqk``
+    (``rsqrt(|q|^2 + 1e-6) x scale``) from the rows' sums of squares ``sk`` / ``sq`` (``[BC]``, FP32)."""
+    beta = tl.load(b_ptr + o_t * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
+    beta = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta)), 0.0)
+    if L2NORM:
+        return tl.rsqrt(sk + 1e-6) * beta, tl.rsqrt(sq + 1e-6) * scale
+    else:
+        return beta, sq * 0.0 + scale
+
+
+@triton.jit
 def _ab_acc_splitq(XA, XQ, kh, kl, qx, kt, Gr, E, FAST: tl.constexpr, DIRECT: tl.constexpr):
     """One key block of pair ``(i, j)`` for :func:`_arow_block_splitq`: the columns as in :func:`_ab_acc`
     (KDA), ``XA += (kh + kl) c`` as three TF32 products (:func:`_dot3_split`), ``XQ += qx c`` as one."""
@@ -771,8 +783,8 @@ def _ab_store(X, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T,
               A_UPPER: tl.constexpr = True, Q_UPPER: tl.constexpr = True):
     """Finish and store block pair ``(i, j)`` of a stacked ``[2 BC, BC]`` accumulator: ``A`` (row factor
     ``rk_i`` = norm x beta) and ``Aqk`` (``rq_i`` = norm x scale) times the column norms (from the
-    sums of squares ``sc_j``), GDN's decay matrix, masked strict / causal by token (zeros for ``j > i``);
-    with ``DIAG_INV`` the diagonal block is stored as ``(I + A_ii)^-1`` (repeated squaring, IEEE)."""
+    sums of squares ``sc_j``), GDN's decay matrix, masked strict / causal by token (blocks ``j > i``: as
+    :func:`_ab_store_pair` says); with ``DIAG_INV`` the diagonal block is stored as ``(I + A_ii)^-1`` (repeated squaring, IEEE)."""
     Akk, Aq = tl.split(tl.permute(tl.reshape(X, (2, BC, BC)), (1, 2, 0)))
     _ab_store_pair(Akk, Aq, i, j, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV, A_UPPER, Q_UPPER)
 
@@ -959,14 +971,7 @@ def _arow_block_splitq(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv,
             kt, E, sc = _ab_cols(k_ptr, g_ptr, 3, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
             c3 += sc
             A3, Q3 = _ab_acc_splitq(A3, Q3, kh, kl, qx, kt, Gr, E, FAST_EXP, DIRECT)
-    beta = tl.load(b_ptr + o_t * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
-    beta = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta)), 0.0)
-    if L2NORM:
-        rk = tl.rsqrt(sk + 1e-6) * beta
-        rq = tl.rsqrt(sq + 1e-6) * scale
-    else:
-        rk = beta
-        rq = sq * 0.0 + scale
+    rk, rq = _ab_row_factors(b_ptr, o_t, m_i, i_hv, HV, sk, sq, scale, L2NORM)
     _ab_store_pair(A0, Q0, i, 0, rk, rq, c0, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV, A_UPPER, Q_UPPER)
     _ab_store_pair(A1, Q1, i, 1, rk, rq, c1, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV, A_UPPER, Q_UPPER)
     _ab_store_pair(A2, Q2, i, 2, rk, rq, c2, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, 1, L2NORM, DIAG_INV, A_UPPER, Q_UPPER)
@@ -1015,14 +1020,7 @@ def _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv
     sk, sq = tl.split(tl.permute(tl.reshape(sr, (2, BC)), (1, 0)))
     o_t = i * BC + tl.arange(0, BC)
     m_i = o_t < T
-    beta = tl.load(b_ptr + o_t * HV + i_hv, mask=m_i, other=0.0).to(tl.float32)
-    beta = tl.where(m_i, 1.0 / (1.0 + tl.exp(-beta)), 0.0)
-    if L2NORM:
-        rk = tl.rsqrt(sk + 1e-6) * beta
-        rq = tl.rsqrt(sq + 1e-6) * scale
-    else:
-        rk = beta
-        rq = sq * 0.0 + scale
+    rk, rq = _ab_row_factors(b_ptr, o_t, m_i, i_hv, HV, sk, sq, scale, L2NORM)
     if RQ:
         tl.store(rq_ptr + o_t * HV + i_hv, rq * tl.exp(tl.load(g_ptr + o_t * HV + i_hv, mask=m_i, other=0.0)), mask=m_i)
     _ab_store(X0, i, 0, rk, rq, c0, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV, A_UPPER, Q_UPPER)
