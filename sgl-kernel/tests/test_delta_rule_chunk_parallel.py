@@ -354,6 +354,9 @@ def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
     choice = next(c for c in chosen_paths() if c.op == "delta_rule_prefill")
     assert choice.impl == "triton:chunk64:sm90x132" and "TF32" in choice.reason
     assert "state pass 16/32/64 value columns by batch" in choice.reason
+    assert "GDN: the state pass forms the output" in choice.reason
+    assert "KDA: the state pass forms the output at 32 value columns" in choice.reason
+    assert "Aqk one TF32 product" in choice.reason
     calls = []
     monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
     args = (q, q, v, torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3),

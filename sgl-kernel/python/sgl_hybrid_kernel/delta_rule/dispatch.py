@@ -105,11 +105,21 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> str:
 
 
 def _state_tiles(launch) -> str:
-    """The log's note on the state pass's value tile when it depends on the batch (``pick_state_tile``)."""
-    if not launch.state_bv_costs:
-        return ""
-    cols = "/".join(str(bv) for bv, _ in launch.state_bv_costs)
-    return f"; state pass {cols} value columns by batch (16-bit scratch, no checkpoints)"
+    """The log's notes on what the launch table changes by batch and gate: the state pass's value tile
+    (``pick_state_tile``), where the state pass forms the output (``use_fused_output``), and the KDA ``A``
+    programs' form (``intra_aqk_tf32``)."""
+    notes = ""
+    if launch.state_bv_costs:
+        cols = "/".join(str(bv) for bv, _ in launch.state_bv_costs)
+        notes += f"; state pass {cols} value columns by batch (16-bit scratch, no checkpoints)"
+    if launch.fuse_output_gdn:
+        notes += "; GDN: the state pass forms the output"
+    if launch.fuse_output_kda_bv:
+        cols = "/".join(str(bv) for bv in launch.fuse_output_kda_bv)
+        notes += f"; KDA: the state pass forms the output at {cols} value columns"
+    if launch.intra_aqk_tf32:
+        notes += "; KDA A programs: A 3xTF32, Aqk one TF32 product (bounded gate)"
+    return notes
 
 
 GROUP_SCAN_OP = "delta_rule_prefill_group_scan"
