@@ -31,7 +31,6 @@ import triton.language as tl
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, replay_commit
 from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import gdc_wait
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.kda import kda_gate
 from sgl_hybrid_kernel.kda.fused_decode import kda_fused_decode
@@ -1302,30 +1301,30 @@ def bench_decode_b1_value_tiles(results, ceiling):
 
 
 @triton.jit
-def _state_copy_kernel(pool_ptr, idx_ptr, s_slot, s_h, HV: tl.constexpr, KV: tl.constexpr, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr = False):
-    """Read and write back one (request, head) state in place: the bytes a decode step must move.
-    ``PDL``: launched as a programmatic dependent launch that waits before its first access (the
-    one-warp kernel's ``pdl=1``), the floor of a decode launched that way."""
-    if PDL:
-        gdc_wait()
+def _state_copy_kernel(pool_ptr, idx_ptr, dst_ptr, s_slot, s_h, HV: tl.constexpr, KV: tl.constexpr, BLOCK: tl.constexpr,
+                       HINTS: tl.constexpr = False):
+    """Read and write back one (request, head) state in place (``dst_ptr`` = ``pool_ptr``; else to the same
+    offsets of another pool): the bytes a decode step must move. ``HINTS``: the decode's cache hints
+    (evict-first load, streaming store)."""
     i_b = tl.program_id(1) // HV
     i_h = tl.program_id(1) % HV
     slot = tl.load(idx_ptr + i_b).to(tl.int64)
     off = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    p = pool_ptr + slot * s_slot + i_h * s_h + off
-    x = tl.load(p, mask=off < KV)
-    tl.store(p, x, mask=off < KV)
+    o = slot * s_slot + i_h * s_h + off
+    if HINTS:
+        x = tl.load(pool_ptr + o, mask=off < KV, eviction_policy="evict_first")
+        tl.store(dst_ptr + o, x, mask=off < KV, cache_modifier=".cs")
+    else:
+        x = tl.load(pool_ptr + o, mask=off < KV)
+        tl.store(dst_ptr + o, x, mask=off < KV)
 
 
-def _state_copy_us(pool, perms, pdl=False):
+def _state_copy_us(pool, perms, blk=2048, warps=4, dst=None, hints=False):
     """Graph-replay time of reading + writing the batch's states (the decode's memory floor, same pool and slots)."""
     _, HV, K, V = pool.shape
-    B = perms[0].shape[0]
-    blk = 2048
-    return graph_time_us(lambda r: _state_copy_kernel[(K * V // blk, B * HV)](
-        pool, perms[r], pool.stride(0), pool.stride(1), HV=HV, KV=K * V, BLOCK=blk, PDL=pdl, num_warps=4,
-        **({"launch_pdl": True} if pdl else {})))
+    dst = pool if dst is None else dst
+    return graph_time_us(lambda r: _state_copy_kernel[(K * V // blk, perms[r].shape[0] * HV)](
+        pool, perms[r], dst, pool.stride(0), pool.stride(1), HV=HV, KV=K * V, BLOCK=blk, HINTS=hints, num_warps=warps))
 
 
 def _load_baseline_recurrent(path):
@@ -1351,9 +1350,8 @@ def _load_baseline_recurrent(path):
 # recurrent_num_warps / recurrent_preload); preload False = per-token inputs ("_tok" in the name)
 # (the first sweep, 2026-11-30, tried 4..64 columns x 1..8 warps: one warp won everywhere)
 SWEEP_TILES = {("decode", 1): [None, (4, 1), (8, 1), (16, 1)], ("decode", 0): [None, (8, 1)],
-               ("verify", 1): [None, (4, 1, False), (8, 1, False), (4, 1, True), (8, 1, True)],
-               ("verify", 0): [None, (8, 1, False), (16, 1, False), (16, 2, False), (32, 2, False), (64, 4, False),
-                               (4, 1, True), (8, 1, True)]}
+               ("verify", 1): [None, (4, 1, False), (8, 1, False)],
+               ("verify", 0): [None, (8, 1, False), (16, 1, False), (16, 2, False), (32, 2, False), (64, 4, False)]}
 SWEEP_CASES = None  # main(): --sweep-cases (substrings of case names to run; None = all)
 RECURRENT_BASELINE = None  # main(): --recurrent-baseline
 SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, the baseline and fla only)
@@ -1361,8 +1359,6 @@ SWEEP_DECODE_BATCHES = None  # main(): --sweep-decode-batches (decode cases' bat
 SWEEP_DEFERRED_BATCHES = None  # main(): --sweep-deferred-batches (GDN T=5 deferred / fused-replay cases; None = 32, fused also 1)
 SWEEP_VERIFY_BATCHES = None  # main(): --sweep-verify-batches (KDA T=4 and GDN plain T=5 verify; None = KDA 1/32/128, GDN 32)
 WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS[kKL],... tiles of the one-warp kernel (or of the lanes kernel: kKL)
-AHEAD_VARIANTS = []  # main(): --ahead-variants 1,2,3: the one-warp kernel's input look-ahead in verify windows
-PDL_VARIANTS = []  # main(): --pdl-variants 0,1: the one-warp kernel's pdl argument (and the floor launched with PDL)
 CHUNK_VARIANTS = []  # main(): --chunk-variants BVxWARPS:PREC,... chunk-form windows (triton_window.py) timed beside the tiles
 
 
@@ -1393,51 +1389,52 @@ def gdn_verify_window(B, T=5, slots=1024, H=16, HV=48, K=128, V=128):
     return w
 
 
-def bench_pdl_pair(results, ceiling):
-    """Decode after a producer kernel, as in serving (issue 4): each graph step is an elementwise torch
-    kernel writing the decode's gate input (a stand-in for the projection before it; it does not trigger
-    dependents early), then the decode on the rotated slots. Reported: the pair minus the producer alone,
-    per ``pdl`` value of the one-warp kernel (``--pdl-variants``, default 0,1), for KDA (Kimi K3 TP8)
-    and GDN (Qwen3.8) decode; states from HBM as in ``bench_recurrent_sweep``."""
+def bench_copy_sizes(results, ceiling):
+    """A contiguous copy of as many bytes as a decode step reads (and writes), timed like the decode cases
+    (graph replay, ``_hbm_rot`` source / destination pairs per graph so that one replay touches >= 4x L2),
+    against the 2 GiB copy ceiling: what fraction of the ceiling a single launch of that size reaches
+    (issue 4's decode goal is >= 90 % of the ceiling at B >= 32). Sizes: the FP32 states of KDA (Kimi K3
+    TP8, 12 heads x 128 x 128) at B = 1 / 32 / 128 and GDN (Qwen3.8, 48 value heads) at B = 32 / 128."""
     global ROT
     rows = []
-    results["pdl_pair"] = rows
-    torch.manual_seed(0)
-    for tag, H, HV, gate, batches in (("kda_decode", 12, 12, "kda", (1, 32, 128)), ("gdn_decode", 16, 48, "gdn", (1, 32))):
-        K = V = 128
-        slots = SLOTS if gate == "kda" else 256
-        pool = torch.randn(slots, HV, V, K, device=DEV)
-        A = torch.rand(HV, device=DEV)
-        dtb = torch.randn(HV * K if gate == "kda" else HV, device=DEV)
-        for B in SWEEP_DECODE_BATCHES or batches:
-            ROT = _hbm_rot(B, HV * K * V * 4, slots)
-            perms = [torch.randperm(slots, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
-            q, k = (torch.randn(B, H, K, device=DEV, dtype=torch.bfloat16) for _ in range(2))
-            v = torch.randn(B, HV, V, device=DEV, dtype=torch.bfloat16)
-            f_src = torch.randn((B, HV, K) if gate == "kda" else (B, HV), device=DEV, dtype=torch.bfloat16)
-            f = torch.empty_like(f_src)
-            b = torch.randn(B, HV, device=DEV, dtype=torch.bfloat16)
-            o = torch.empty_like(v)
-            lb = LB if gate == "kda" else None
-
-            def produce(r):
-                torch.mul(f_src, 1.0 + r * 1e-3, out=f)
-
-            def pair(r, p):
-                produce(r)
-                gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, perms[r], 1, gate, lb, state_layout="vk",
-                                             out=o, pdl=p)
-
-            row = dict(case=tag, B=B, producer_us=graph_time_us(produce), floor_us=_state_copy_us(pool, perms),
-                       floor_pdl_us=_state_copy_us(pool, perms, pdl=True), pairs={})
-            for p in (PDL_VARIANTS or [0, 1]) * 2:  # two rounds
-                row["pairs"].setdefault(f"pdl{p}", []).append(graph_time_us(lambda r: pair(r, p)))
-            row["decode_us"] = {n: min(ts) - row["producer_us"] for n, ts in row["pairs"].items()}
-            rows.append(row)
-            _save_partial(results)
-            print(f"== pdl pair {tag} B={B}: producer {row['producer_us']:.2f} us, floor {row['floor_us']:.2f} / "
-                  f"{row['floor_pdl_us']:.2f} (PDL); decode after it: "
-                  + ", ".join(f"{n} {t:.2f}" for n, t in row["decode_us"].items()), flush=True)
+    results["copy_sizes"] = rows
+    head = 128 * 128 * 4
+    big = torch.empty(3 * 1024 ** 3 // 4, dtype=torch.float32, device=DEV)
+    for tag, hv, B in (("kda", 12, 1), ("kda", 12, 32), ("kda", 12, 128), ("gdn", 48, 32), ("gdn", 48, 128)):
+        n = B * hv * head // 4  # floats per direction
+        pairs = big.numel() // (2 * n)
+        ROT = max(1, min(pairs, _hbm_rot(B, hv * head, 10 ** 9)))
+        views = [(big[(2 * r) * n:(2 * r + 1) * n], big[(2 * r + 1) * n:(2 * r + 2) * n]) for r in range(ROT)]
+        us = graph_time_us(lambda r: views[r][1].copy_(views[r][0]))
+        rows.append(dict(case=f"{tag}_B{B}", bytes_moved=2 * n * 4, rot=ROT, copy_us=us,
+                         frac_ceiling=2 * n * 4 / (us * 1e-6) / 1e12 / ceiling))
+        print(f"== contiguous copy {tag} B={B}: {2 * n * 4 / 1e6:.1f} MB moved, {us:.2f} us, "
+              f"{100 * rows[-1]['frac_ceiling']:.1f} % of the ceiling", flush=True)
+    del big, views
+    torch.cuda.empty_cache()
+    # the decode's own floor kernel (read + write back in place, _state_copy_kernel) on slots that are
+    # adjacent in the pool vs on the random slots the decode cases use: in place vs scattered
+    for tag, hv, slots, B in (("kda", 12, SLOTS, 32), ("kda", 12, SLOTS, 128), ("gdn", 48, 256, 32)):
+        pool = torch.randn(slots, hv, 128, 128, device=DEV)
+        ROT = _hbm_rot(B, hv * head, slots)
+        rnd = [torch.randperm(slots, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
+        adj = [((torch.arange(B, device=DEV) + r * B) % slots).to(torch.int32) for r in range(ROT)]
+        row = dict(case=f"{tag}_B{B}_in_place", bytes_moved=2 * B * hv * head, rot=ROT,
+                   adjacent_slots_us=_state_copy_us(pool, adj), random_slots_us=_state_copy_us(pool, rnd))
+        for key in ("adjacent_slots_us", "random_slots_us"):
+            row[key.replace("_us", "_frac_ceiling")] = row["bytes_moved"] / (row[key] * 1e-6) / 1e12 / ceiling
+        if tag == "kda":  # the floor kernel's shape, out of place, and the decode's cache hints
+            other = torch.empty_like(pool)
+            for blk, nw in ((512, 1), (1024, 1), (2048, 1), (1024, 2), (2048, 4), (4096, 4), (8192, 8), (16384, 8)):
+                row[f"random_b{blk}_w{nw}_us"] = _state_copy_us(pool, rnd, blk, nw)
+            row["random_hints_us"] = _state_copy_us(pool, rnd, hints=True)
+            row["random_out_of_place_us"] = _state_copy_us(pool, rnd, dst=other)
+            del other
+            print("   ", {k: round(v, 2) for k, v in row.items() if k.startswith("random_") and k.endswith("_us")}, flush=True)
+        rows.append(row)
+        print(f"== in-place floor copy {tag} B={B}: adjacent slots {row['adjacent_slots_us']:.2f} us "
+              f"({100 * row['adjacent_slots_frac_ceiling']:.1f} %), random slots {row['random_slots_us']:.2f} us "
+              f"({100 * row['random_slots_frac_ceiling']:.1f} %)", flush=True)
         del pool
         torch.cuda.empty_cache()
 
@@ -1465,8 +1462,6 @@ def bench_recurrent_sweep(results, ceiling):
         bytes_ = B * pool.shape[1] * pool.shape[2] * pool.shape[3] * 4 * 2
         row["state_rw_floor_us"] = _state_copy_us(pool, perms)
         row["state_rw_floor_frac_ceiling"] = bytes_ / (row["state_rw_floor_us"] * 1e-6) / 1e12 / ceiling
-        if PDL_VARIANTS:
-            row["state_rw_floor_pdl_us"] = _state_copy_us(pool, perms, pdl=True)
         ref = check(base_fn if base_fn else gated_delta_recurrent_triton, {}) if check else None
         tiles = [None] if SWEEP_DEFAULT_ONLY else tiles
         todo = ([("baseline", base_fn, {})] if base_fn else []) + [
@@ -1480,9 +1475,6 @@ def bench_recurrent_sweep(results, ceiling):
                            **({"key_lanes": int(str(kl).split("s")[0])} if kl else {}),
                            **({"num_stages": int(str(kl).split("s")[1])} if "s" in str(kl) else {})))
                      for bv, nw, kl in WIDE_VARIANTS]
-        todo += [(f"pdl{p}", gated_delta_recurrent_triton, dict(pdl=p)) for p in PDL_VARIANTS]
-        if T > 1:
-            todo += [(f"ahead{a}", gated_delta_recurrent_triton, dict(ahead=a)) for a in AHEAD_VARIANTS]
         if T > 1:
             todo += [(f"chunk_bv{bv}_w{nw}_{prec}", gated_delta_recurrent_triton,
                       dict(form="chunk", value_tile=bv, num_warps=nw, dot_precision=prec)) for bv, nw, prec in CHUNK_VARIANTS]
@@ -1691,11 +1683,6 @@ def main():
                    "one-warp per-token kernel (gated_delta_verify_wide_kernel; the 2026-11-30 sweeps also varied its input "
                    "prefetch, since removed: it won every row), or BVxWARPSkKL[sSTAGES]: the lanes kernel (triton_lanes.py) "
                    "at BV columns with KL lanes on the keys (and STAGES software-pipelining stages)")
-    p.add_argument("--pdl-variants", default="", help="bench_recurrent_sweep: comma list of the one-warp kernel's pdl "
-                   "values (0 plain launch, 1 programmatic dependent launch) timed as variants pdl0, pdl1 (and the "
-                   "floor copy launched with PDL); bench_pdl_pair: the same values after a producer kernel")
-    p.add_argument("--ahead-variants", default="", help="bench_recurrent_sweep: comma list of the one-warp kernel's "
-                   "ahead values (tokens of inputs loaded ahead of a verify window's chain) timed as variants ahead1..")
     p.add_argument("--gdn-variants", default=None, help="bench_gdn_prefill: comma list of GDN_PREFILL_VARIANTS names")
     args = p.parse_args()
     SWEEP_DECODE_BATCHES = tuple(int(x) for x in args.sweep_decode_batches.split(",")) if args.sweep_decode_batches else None
@@ -1703,8 +1690,6 @@ def main():
     SWEEP_DEFERRED_BATCHES = tuple(int(x) for x in args.sweep_deferred_batches.split(",")) if args.sweep_deferred_batches else None
     WIDE_VARIANTS[:] = [(int(x.split("x")[0]), int(x.split("x")[1].split("k")[0]), x.split("k")[1] if "k" in x else 0)
                         for x in args.wide_variants.split(",") if x]
-    PDL_VARIANTS[:] = [int(x) for x in args.pdl_variants.split(",") if x]
-    AHEAD_VARIANTS[:] = [int(x) for x in args.ahead_variants.split(",") if x]
     CHUNK_VARIANTS[:] = [(int(x.split(":")[0].split("x")[0]), int(x.split(":")[0].split("x")[1]), x.split(":")[1])
                          for x in args.chunk_variants.split(",") if x]
     RECURRENT_BASELINE = args.recurrent_baseline
@@ -1734,7 +1719,7 @@ def main():
     results["copy_ceiling_tb_s"] = ceiling
     print("copy ceiling TB/s", ceiling)
     for fn in (bench_decode_verify, bench_fused_decode, bench_gdn, bench_decode_b1_value_tiles, bench_recurrent_sweep,
-               bench_pdl_pair):
+               bench_copy_sizes):
         if only is not None and fn.__name__ not in only:
             continue
         try:

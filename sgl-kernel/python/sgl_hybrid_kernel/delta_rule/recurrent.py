@@ -162,8 +162,6 @@ def gated_delta_recurrent_triton(
     dot_precision: Optional[str] = None,
     key_lanes: Optional[int] = None,
     num_stages: Optional[int] = None,
-    pdl: Optional[int] = None,
-    ahead: Optional[int] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -205,12 +203,6 @@ def gated_delta_recurrent_triton(
             when ``value_tile`` is not given, else the one-warp kernel.
         num_stages: lanes kernel: software-pipelining stages of its runtime replay loop (default 1, as
             the compile gate compiles it; 1, 2 and 3 ran at the same speed on the H200, 2026-11-30).
-        pdl: one-warp kernel (``gated_delta_verify_wide_kernel``) only: ``1`` launches it as a
-            programmatic dependent launch of the preceding kernel in the stream that waits
-            (``gdc_wait``) before its first memory access (correct whatever precedes it); ``0`` a
-            plain launch. ``None``: :func:`recurrent_pdl`. The arithmetic is the same either way.
-        ahead: one-warp kernel, verify windows: tokens whose raw inputs are loaded ahead of the current
-            token's chain (1-3; default :func:`pick_input_ahead`).
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -247,10 +239,6 @@ def gated_delta_recurrent_triton(
         raise ValueError(f"gate must be 'kda' or 'gdn', got {gate!r}")
     if state_layout not in ("kv", "vk"):
         raise ValueError(f"state_layout must be 'kv' or 'vk', got {state_layout!r}")
-    if ahead not in (None, 1, 2, 3):
-        raise ValueError(f"ahead must be None, 1, 2 or 3, got {ahead!r}")
-    if pdl not in (None, 0, 1):
-        raise ValueError(f"pdl must be None, 0 or 1, got {pdl!r}")
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()
@@ -319,13 +307,7 @@ def gated_delta_recurrent_triton(
             return o
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        pdl = recurrent_pdl(q.device) if pdl is None else int(pdl)
-        if pdl and not _pdl_capable(q.device):
-            raise ValueError(f"pdl={pdl}: programmatic dependent launch needs an NVIDIA sm_90+ GPU and a Triton with "
-                             f"grid dependency control")
-        ahead = pick_input_ahead(B, T, plain) if ahead is None else int(ahead)
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, PDL=pdl, AHEAD=ahead,
-                                                             **({"launch_pdl": True} if pdl else {}))
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
         warps = num_warps or 1
     else:
         kernel = gated_delta_recurrent_kernel
@@ -415,35 +397,6 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     return None
 
 
-def pick_input_ahead(batch: int, tokens: int, plain: bool) -> int:
-    """Tokens of raw inputs the one-warp kernel keeps in flight ahead of a verify window's chain."""
-    return 1
-
-
-def _pdl_capable(device: torch.device) -> bool:
-    """NVIDIA sm_90 or newer, with a Triton that has grid dependency control (``gdc_wait``)."""
-    if gdc_wait is None:
-        return False
-    plat = device_platform(device)
-    if plat.device != "cuda" or not (plat.arch or "").startswith("sm"):
-        return False
-    return int(plat.arch[2:]) >= 90
-
-
-def recurrent_pdl(device: torch.device) -> int:
-    """``pdl`` default of the one-warp decode / verify kernel (:func:`gated_delta_recurrent_triton`):
-    ``0`` (a plain launch) unless ``SGL_HYBRID_RECURRENT_PDL=1`` and the device can (NVIDIA sm_90+, a Triton
-    with grid dependency control; never ROCm or CPU). A programmatic dependent launch that waits before its
-    first memory access paid on the H200 only after another programmatic launch (issue 4, 2026-12-01,
-    ``2026-12-01-h200-recurrent_pdl.json``: KDA decode B=1 back to back 2.52 -> 2.29 us, but after an
-    ordinary elementwise kernel, as in serving, 2.51 -> 2.73 us; the same at B = 32 / 128 and for GDN)."""
-    import os
-
-    if os.environ.get("SGL_HYBRID_RECURRENT_PDL", "0") != "1":
-        return 0
-    return 1 if _pdl_capable(device) else 0
-
-
 def lanes_pdl(device: torch.device) -> bool:
     """Whether the lanes kernel starts as a programmatic dependent launch of its prologue (Triton
     ``launch_pdl``): it loads its state slice and replays the previous window's records while the
@@ -452,9 +405,12 @@ def lanes_pdl(device: torch.device) -> bool:
     turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md, tenth round)."""
     import os
 
-    if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0":
+    if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0" or gdc_wait is None:
         return False
-    return _pdl_capable(device)
+    plat = device_platform(device)
+    if plat.device != "cuda" or not (plat.arch or "").startswith("sm"):
+        return False
+    return int(plat.arch[2:]) >= 90
 
 
 def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,

@@ -32,11 +32,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-try:  # grid dependency control (programmatic dependent launch, sm_90+); only compiled in with PDL > 0
-    from triton.language.extra.cuda import gdc_wait
-except ImportError:  # a Triton without it: recurrent.recurrent_pdl() then answers 0
-    gdc_wait = None
-
 # Gate kinds (constexpr GATE)
 GATE_KDA = 0  # per channel: -exp(A_log[h]) * softplus(f + dt_bias[h, k])
 GATE_KDA_SAFE = 1  # per channel: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias[h, k]))
@@ -155,8 +150,7 @@ def _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K: tl.constexpr, GATE: 
 def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b,
                       i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr, n1=None, n2=None,
-                      AHEAD: tl.constexpr = 1):
+                      o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
     token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
@@ -164,18 +158,15 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
     (``o_t = q.S' + beta (q.k) err``); the deferred path's records are written per token.
     ``off_i``: the ``[BK, BV]`` element offsets of this tile inside a snapshot slot. ``q, k, v, f, b``:
     token 0's raw inputs (:func:`_token_inputs`), loaded by the calling kernel (a verify window's right
-    after the slot index, ahead of the padding-row branch that waits for it). ``AHEAD`` (1-3): tokens
-    whose inputs are in flight beside the current token's; with 2 / 3 the caller also passes tokens 1
-    (``n1``) and 2 (``n2``) as :func:`_token_inputs` tuples, and token ``t + AHEAD``'s loads go out at
-    token ``t``. Same FP32 operations in the same order for every ``AHEAD``."""
+    after the slot index, ahead of the padding-row branch that waits for it)."""
     GK: tl.constexpr = 1 if GATE == 2 else K
     RW: tl.constexpr = K + GK + 1 + V
     for t in tl.static_range(T):
         n = i_b * T + t
-        if t + AHEAD < T:
-            # token t + AHEAD's loads go out before this token's dependent chain
-            nx = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n + AHEAD, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k, m_v,
-                               GATE)
+        if t + 1 < T:
+            # next token's loads go out before this token's dependent chain
+            qn, kn, vn, fn, bn = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n + 1, i_h, i_hv, H, HV, K, V, o_k, o_v,
+                                               m_k, m_v, GATE)
         if L2NORM:
             q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
@@ -208,21 +199,8 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
                         tl.store(rec + K + o_k, g, mask=m_k)
                     tl.store(rec + K + GK, b)
                 tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
-        if AHEAD == 1:
-            if t + 1 < T:
-                q, k, v, f, b = nx
-        elif AHEAD == 2:
-            if t + 1 < T:
-                q, k, v, f, b = n1
-            if t + 2 < T:
-                n1 = nx
-        else:
-            if t + 1 < T:
-                q, k, v, f, b = n1
-            if t + 2 < T:
-                n1 = n2
-            if t + 3 < T:
-                n2 = nx
+        if t + 1 < T:
+            q, k, v, f, b = qn, kn, vn, fn, bn
     if COMMIT:
         tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
 
@@ -441,8 +419,6 @@ def gated_delta_verify_wide_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
-    PDL: tl.constexpr = 0,
-    AHEAD: tl.constexpr = 1,
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -459,12 +435,7 @@ def gated_delta_verify_wide_kernel(
     windows (``flags`` then only says whether to commit): straight-line code whose next-token
     loads the compiler hoists, 1.3-1.6x faster on the H200 than the all-modes binary. A plain
     window's outputs then equal the all-modes binary's to FP32 rounding, not bit for bit; nothing
-    replays a plain window.
-
-    ``PDL`` (constexpr, sm_90+; the wrapper launches with ``launch_pdl`` when it is set): the program
-    is a programmatic dependent launch of whatever kernel precedes it in the stream and waits
-    (``gdc_wait``) before its first memory access, so it is correct whatever precedes it. Opt-in
-    (``recurrent.recurrent_pdl``): on the H200 it paid only after another programmatic launch."""
+    replays a plain window."""
     COMMIT = (flags & 1) != 0  # FLAG_COMMIT
     SAVE_INTER = (flags & 2) != 0  # FLAG_SAVE_INTER
     DEFERRED = (flags & 4) != 0  # FLAG_DEFERRED
@@ -486,29 +457,21 @@ def gated_delta_verify_wide_kernel(
     # chain can start as soon as the state arrives; decode issues them after the state load, as before
     # (H200, 2026-12-01, 2026-12-01-h200-early_inputs.json: KDA verify T=4 B = 1..8 3-6 % faster, KDA
     # decode B = 1..32 1-3 % slower with the early issue; GDN unchanged either way).
-    if PDL == 1:
-        gdc_wait()
     slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
-    # one offset tile for the state slot and the snapshot slots (same per-slot layout, checked by
-    # the wrapper): a second per-element pointer tile would be hoisted out of the token loop and
-    # cost ~90 registers on sm_90
-    off = i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
-    n1 = None
-    n2 = None
     if T > 1:
         q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
                                            m_v, GATE)
         A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
-        if AHEAD >= 2:
-            n1 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T + 1, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k, m_v, GATE)
-        if AHEAD >= 3 and T > 2:
-            n2 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T + 2, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k, m_v, GATE)
     if slot < 0:
         for t in range(T):
             n = i_b * T + t
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty), mask=m_v)
         return
 
+    # one offset tile for the state slot and the snapshot slots (same per-slot layout, checked by
+    # the wrapper): a second per-element pointer tile would be hoisted out of the token loop and
+    # cost ~90 registers on sm_90
+    off = i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
     p_s = state_ptr + slot * s_slot + off
     S = tl.load(p_s, mask=m_kv, other=0.0, eviction_policy=STATE_LOAD_EVICTION).to(tl.float32)
     if T == 1:
@@ -524,5 +487,4 @@ def gated_delta_verify_wide_kernel(
                             m_k, m_v, HV, K, V, GK)
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
-                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM, n1, n2,
-                      AHEAD if T > 1 else 1)
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
