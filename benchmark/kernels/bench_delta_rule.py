@@ -842,14 +842,6 @@ CHUNK_STATE_VARIANTS = [
     # twelfth round (issue 4): KDA A programs with k and q unstacked (A from three TF32 products, Aqk from one;
     # intra_aqk_tf32) and the state pass forming KDA's output at 32-column tiles (fuse_output_kda_bv)
     ("stacked_aqk", dict(intra_aqk_tf32=False, fuse_output_kda_bv=())),
-    # thirteenth round: the fused KDA output's q e^G written by the gate cumsum instead of the A programs
-    ("qeg_cumsum", dict(qeg_in_cumsum=True)),
-    ("qeg_cumsum_bk32", dict(qeg_in_cumsum=True, cumsum_bk=32)),
-    ("qeg_cumsum_w8", dict(qeg_in_cumsum=True, cumsum_warps=8)),
-    # ... and with one channel block of 128 (whole rows): the cumsum also writes q's row factor, so the A programs
-    # write neither (168 registers on the H200's Triton, as without the fused output)
-    ("qeg_cumsum_bk128", dict(qeg_in_cumsum=True, cumsum_bk=128)),
-    ("qeg_cumsum_bk128_w8", dict(qeg_in_cumsum=True, cumsum_bk=128, cumsum_warps=8)),
     ("nofuse_kda", dict(fuse_output_kda_bv=())),
     ("fuse_kda_bv16", dict(fuse_output_kda_bv=(16, 32))),
     ("fuse_kda_b4", dict(state_bv_costs=((16, 1.0), (32, 1.27)))),

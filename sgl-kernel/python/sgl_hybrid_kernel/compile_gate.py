@@ -313,14 +313,13 @@ def chunk_parallel_configs() -> List[KernelConfig]:
                                          lambda part, bv=bv: f"{model}_chunk64_state_bv{bv}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}",
                                          budgets=state_budget)
                     # the state pass that forms the output (chunk_parallel.use_fused_output) at each of those
-                    # tiles, and the A programs that write q's row factor, Aqk (BF16) and KDA's q e^G for it (or the
-                    # gate cumsum that writes q e^G, launch.qeg_in_cumsum; otherwise its row is the unfused one)
+                    # tiles, and the A programs that write q's row factor, Aqk (BF16) and KDA's q e^G for it
                     tiles = ([b for b, _ in launch.state_bv_costs] or [None]) if kind == GATE_GDN else launch.fuse_output_kda_bv
                     for bv in tiles:
                         if use_fused_output(launch, kind, True, ckpt, lb, tf32, bv):
                             fused = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, state_tile=bv,
                                                   lowp_scratch=True, fuse_output=True)
-                            _add_launch_rows(out, seen, target, {p: fused[p] for p in ("cumsum", "intra_a", "state")},
+                            _add_launch_rows(out, seen, target, {p: fused[p] for p in ("intra_a", "state")},
                                              {**bf16, **idx, "aqk_ptr": "*bf16", "qeg_ptr": "*bf16"}, lambda part, bv=bv: (
                                                  f"{model}_chunk64_{part}_fused{f'_bv{bv}' if bv and part == 'state' else ''}"
                                                  f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"), budgets=state_budget)

@@ -105,9 +105,7 @@ class ChunkLaunch:
     same contract): the state tiles (value columns, as :func:`pick_state_tile` chose them) at which the
     state pass also forms KDA's output from the ``q e^G`` and row factor the unstacked ``A`` programs write
     (empty: never; narrower tiles re-read ``q e^G`` too often, and the 64-column pass spills);
-    ``state_kd_fused_kda``: that pass's key block (0: ``state_kd_fused``); ``qeg_in_cumsum``: that fused
-    KDA output's ``q e^G`` written by the gate cumsum (which holds ``G`` in registers) instead of the ``A``
-    programs (which then write q's row factor only);
+    ``state_kd_fused_kda``: that pass's key block (0: ``state_kd_fused``);
     ``value_tile``: value columns per output program; ``output_lowp``: the output step's two
     products take ``q e^G`` and ``Aqk`` rounded to the BF16 scratch (BF16 tensor-core products with
     FP32 accumulation, as fla's output step; FP32 scratch: unchanged); ``output_kd`` /
@@ -160,7 +158,6 @@ class ChunkLaunch:
     fuse_output_gdn: bool = False
     state_kd_fused: int = 0
     state_kd_fused_kda: int = 0
-    qeg_in_cumsum: bool = False
     state_stages_fused: int = 0
     value_tile: int = 32
     output_warps: int = 8
@@ -253,9 +250,6 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     swarps = (launch.state_warps_ckpt or launch.state_warps) if ckpt else launch.state_warps
     common = dict(H=H, HV=HV, K=K, V=V, BK=BK, BT=BT, GATE=kind, L2NORM=l2norm, TF32=tf32)
     factorized = kind == GATE_KDA_SAFE and (BC - 1) * abs(lower_bound) <= 80.0
-    # which launch writes the fused KDA output's q e^G (None: no fused KDA output)
-    qeg_by = None if not fuse_output or kind == GATE_GDN else ("cumsum" if launch.qeg_in_cumsum else "intra_a")
-    rq_by = None if not fuse_output else ("cumsum" if qeg_by == "cumsum" and gbk >= BK else "intra_a")
     # the unbounded KDA gate (diagonal blocks summed over key blocks) keeps FP32 FMA products: not
     # timed, and with 3xTF32 it sits at sm_90's 255-register cap (a variant of it spilled; compile_gate)
     aprec = launch.intra_precision if tf32 and (kind == GATE_GDN or factorized) else "ieee"
@@ -274,8 +268,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                     # pass forming the output (Aqk)
                                                     A_UPPER=not launch.intra_inv, Q_UPPER=fuse_output,
                                                     # without RQ the pointers are None constexprs: the binary is unchanged
-                                                    RQ=rq_by == "intra_a", **({} if rq_by == "intra_a" else {"rq_ptr": None}),
-                                                    **({} if qeg_by == "intra_a" else {"qeg_ptr": None})))
+                                                    RQ=fuse_output, **({} if fuse_output else {"rq_ptr": None}),
+                                                    **({} if fuse_output and kind != GATE_GDN else {"qeg_ptr": None})))
         else:
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
@@ -304,10 +298,7 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         stages = launch.state_stages_fused or stages
         skd = (kind != GATE_GDN and launch.state_kd_fused_kda) or launch.state_kd_fused or skd
     parts = {
-        "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind,
-                                                  **(dict(H=H) if qeg_by == "cumsum" else dict(q_ptr=None, qeg_ptr=None)),
-                                                  **(dict(L2NORM=l2norm) if rq_by == "cumsum" else dict(rq_ptr=None))),
-                   launch.cumsum_warps,
+        "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         **intra,
         "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(skd, BK), BK // 4), CKPT=ckpt,
@@ -542,11 +533,7 @@ def gated_delta_chunk_parallel(
         vn = torch.empty(N, HV, V, dtype=sd, device=dev)
         h = torch.empty(NC, HV, K, V, dtype=sd, device=dev)
     kern, cx, nw, grid = p["cumsum"]
-    qeg_cumsum = qeg is not None and "qeg_ptr" not in cx
-    rq_cumsum = rq is not None and "rq_ptr" not in cx
-    kern[(NC, HV) + grid](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, **cx, num_warps=nw,
-                          **({"q_ptr": q, "qeg_ptr": qeg} if qeg_cumsum else {}),
-                          **({"rq_ptr": rq, "scale": scale} if rq_cumsum else {}))
+    kern[(NC, HV) + grid](f, A_log, dt_bias, G, cu_seqlens, cidx, lb, **cx, num_warps=nw)
     if "intra" in p:
         kern, cx, nw, grid = p["intra"]
         kern[(NC, HV)](q, k, v, b, G, aqk, w, u, kg, cu_seqlens, cidx, scale, **cx, num_warps=nw)
@@ -554,8 +541,7 @@ def gated_delta_chunk_parallel(
         a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
         kern, cx, nw, grid, ns = p["intra_a"]
         kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns,
-                              **({"rq_ptr": rq} if rq is not None and not rq_cumsum else {}),
-                              **({"qeg_ptr": qeg} if qeg is not None and not qeg_cumsum else {}))
+                              **({"rq_ptr": rq} if rq is not None else {}), **({"qeg_ptr": qeg} if qeg is not None else {}))
         m_rows = a_rows  # the inverse's rows: over A (FP32), or the 16-bit scratch that w / u round M to anyway
         if "intra_inv" in p:
             if launch.intra_inv_lowp and launch.intra_solve_lowp and sd.itemsize == 2:

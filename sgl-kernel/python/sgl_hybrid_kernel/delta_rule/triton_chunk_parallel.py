@@ -119,16 +119,7 @@ def chunk_gate_cumsum_kernel(
     BK: tl.constexpr,  # channels per program (the gate is independent per channel)
     BT: tl.constexpr,
     GATE: tl.constexpr,
-    q_ptr=None,  # [N, H, K] raw q (read only with qeg_ptr)
-    qeg_ptr=None,  # out [N, HV, K] q e^G (raw q; scratch dtype) for the fused KDA output (ChunkLaunch.qeg_in_cumsum)
-    H: tl.constexpr = 1,
-    rq_ptr=None,  # out [N, HV] FP32 q's row factor (with qeg_ptr, one channel block covering K)
-    scale=1.0,
-    L2NORM: tl.constexpr = True,
 ):
-    """Chunk-local cumulative log decay ``G`` (grid (chunks, HV, channel blocks)); with ``qeg_ptr`` (KDA) also
-    ``q e^G`` from the raw q of the value head's q head, in the same tile layout as the gate, and with
-    ``rq_ptr`` q's row factor ``rsqrt(|q|^2 + 1e-6) x scale`` (``BK >= K``: the program holds whole rows)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_s = tl.load(cidx_ptr + 2 * i_c)
@@ -150,30 +141,12 @@ def chunk_gate_cumsum_kernel(
         m_tk = m_t[:, None] & m_k[None, :]
         dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         x = tl.load(f_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32) + dtb[None, :]
-        if qeg_ptr is not None:
-            # issued beside the gate's load (after the scan's barriers it would cost a second memory latency),
-            # 4 contiguous channels per access as the FP32 G store takes them: with the 16-bit default (8) the
-            # compiler computes the gate and the scan a second time in that layout instead of converting
-            o_k4 = tl.max_contiguous(o_k, 4)
-            i_h = i_hv // (HV // H)
-            qx = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k4[None, :], mask=m_tk, other=0.0).to(tl.float32)
         if GATE == 0:
             g = -A_h * _softplus(x)
         else:
             g = lower_bound / (1.0 + tl.exp(-A_h * x))
         g = tl.where(m_tk, g, 0.0)
-        G = tl.cumsum(g, axis=0)
-        tl.store(g_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], G, mask=m_tk)
-        if qeg_ptr is not None:
-            tl.store(qeg_ptr + (tok[:, None] * HV + i_hv) * K + o_k4[None, :], (qx * tl.exp(G)).to(qeg_ptr.dtype.element_ty),
-                     mask=m_tk)
-            if rq_ptr is not None:
-                tl.static_assert(BK >= K, "q's row factor needs whole rows")
-                if L2NORM:
-                    rq = tl.rsqrt(tl.sum(qx * qx, axis=1) + 1e-6) * scale
-                else:
-                    rq = tl.zeros([BT], dtype=tl.float32) + scale
-                tl.store(rq_ptr + tok * HV + i_hv, rq, mask=m_t)
+        tl.store(g_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], tl.cumsum(g, axis=0), mask=m_tk)
 
 
 @triton.jit
@@ -905,7 +878,7 @@ def chunk_intra_arow_kernel(
     if RQ:
         t0r, _Tr = _chunk_start(cu_ptr, cidx_ptr, tl.program_id(0), BT)
         rq_ptr = rq_ptr + t0r * HV
-        if SPLITQ and qeg_ptr is not None:  # None: the gate cumsum writes q e^G (ChunkLaunch.qeg_in_cumsum)
+        if SPLITQ:
             qeg_ptr = qeg_ptr + t0r * (HV * K)
     T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
                                                                   cidx_ptr, H, HV, K, BT, GATE)
@@ -980,7 +953,7 @@ def _arow_block_splitq(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv,
         ef = _exp(_tile(g_ptr, tl.minimum(o_t, T - 1), m_i | ~m_i, i_hv, HV, K, kd, KD) - Gr[None, :], FAST_EXP)
         kh, kl = _tf32_split(kr * ef)
         qx = qr * ef
-        if QEG and qeg_ptr is not None:
+        if QEG:
             tl.store(qeg_ptr + (o_t[:, None] * HV + i_hv) * K + o_d[None, :],
                      (qx * _exp(Gr, FAST_EXP)[None, :]).to(qeg_ptr.dtype.element_ty), mask=m_i[:, None] & (o_d < K)[None, :])
         kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
