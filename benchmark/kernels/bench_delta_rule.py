@@ -839,6 +839,23 @@ CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
 CHUNK_STATE_VARIANTS = [
     ("table", {}),
+    # fourteenth round (issue 4): the w / u programs merge the inverse's off-diagonal blocks themselves
+    # (intra_inv_in_solve: no inverse launch, no M through memory); gate cumsum channel blocks / warps
+    ("inv_solve", dict(intra_inv_in_solve=True)),
+    ("inv_solve_w2", dict(intra_inv_in_solve=True, intra_solve_warps=2)),
+    ("inv_solve_w8", dict(intra_inv_in_solve=True, intra_solve_warps=8)),
+    ("solve_w8", dict(intra_solve_warps=8)),
+    # the KDA state pass that forms the output on 8 warps, at 32 columns or 64 (two value tiles per head
+    # instead of four: half the re-reads of w / kg / q e^G / Aqk per chunk; 255 registers, no spills)
+    ("fused32_w8", dict(state_warps_fused_kda=8)),
+    ("fused64_w8", dict(state_warps_fused_kda=8, fuse_output_kda_bv=(32, 64), state_bv_costs=((16, 1.0), (32, 1.27), (64, 1.6)))),
+    ("fused64_w8_st2", dict(state_warps_fused_kda=8, fuse_output_kda_bv=(32, 64), state_stages_fused=2,
+                            state_bv_costs=((16, 1.0), (32, 1.27), (64, 1.6)))),
+    ("cs128", dict(cumsum_bk=128)),
+    ("cs128_w8", dict(cumsum_bk=128, cumsum_warps=8)),
+    ("cs32_w2", dict(cumsum_bk=32, cumsum_warps=2)),
+    ("cs64_w2", dict(cumsum_bk=64, cumsum_warps=2)),
+    ("cs64_w8", dict(cumsum_bk=64, cumsum_warps=8)),
     # twelfth round (issue 4): KDA A programs with k and q unstacked (A from three TF32 products, Aqk from one;
     # intra_aqk_tf32) and the state pass forming KDA's output at 32-column tiles (fuse_output_kda_bv)
     ("stacked_aqk", dict(intra_aqk_tf32=False, fuse_output_kda_bv=())),
@@ -1349,9 +1366,10 @@ def _load_baseline_recurrent(path):
 # (BV, warps[, preload]) tried per case; None = the wrapper's default (pick_value_tile /
 # recurrent_num_warps / recurrent_preload); preload False = per-token inputs ("_tok" in the name)
 # (the first sweep, 2026-11-30, tried 4..64 columns x 1..8 warps: one warp won everywhere)
-SWEEP_TILES = {("decode", 1): [None, (4, 1), (8, 1), (16, 1)], ("decode", 0): [None, (8, 1)],
-               ("verify", 1): [None, (4, 1, False), (8, 1, False)],
-               ("verify", 0): [None, (8, 1, False), (16, 1, False), (16, 2, False), (32, 2, False), (64, 4, False)]}
+SWEEP_TILES = {("decode", 1): [None, (1, 1), (2, 1), (4, 1), (8, 1), (16, 1)], ("decode", 0): [None, (4, 1), (8, 1)],
+               ("verify", 1): [None, (1, 1), (2, 1), (2, 1, False), (4, 1, False), (8, 1, False)],
+               ("verify", 0): [None, (1, 1), (2, 1), (2, 1, False), (4, 1), (8, 1, False), (16, 1, False), (16, 2, False), (32, 2, False),
+                               (64, 4, False)]}
 SWEEP_CASES = None  # main(): --sweep-cases (substrings of case names to run; None = all)
 RECURRENT_BASELINE = None  # main(): --recurrent-baseline
 SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, the baseline and fla only)
