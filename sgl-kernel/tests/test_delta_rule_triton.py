@@ -110,10 +110,26 @@ def test_kda_verify_per_token_inputs_match_fla_naive():
         torch.testing.assert_close(pool[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gate,commit", [("kda", True), ("gdn", False), ("kda", False), ("gdn", True)])
-def test_wide_verify_kernel_matches_fla_naive(gate, commit):
+@pytest.mark.parametrize("gate,commit,ahead", [("kda", True, None), ("gdn", False, None), ("kda", False, None),
+                                               ("gdn", True, None), ("kda", True, True), ("kda", False, True),
+                                               ("gdn", True, False)])
+def test_wide_verify_kernel_matches_fla_naive(gate, commit, ahead, monkeypatch):
     """The one-warp per-token kernel (``wide=True``, its ``PLAIN`` binary: inputs one token ahead)
-    against fla's naive recurrences, GVA for GDN, a padding row, commit or not."""
+    against fla's naive recurrences, GVA for GDN, a padding row, commit or not. ``ahead``: the window
+    with the next token's ``k.S`` reduction taken one token early (``AHEAD``,
+    ``_verify_plain_ahead``): by default for GDN only (``recurrent.plain_ahead``), forced on (True) or off
+    (False) here; the launch is checked to have taken the path asked for."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+
+    if ahead is not None:
+        monkeypatch.setattr(rec, "plain_ahead", lambda tokens, kind: ahead and tokens > 1)
+    real, seen = rec.gated_delta_verify_wide_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (seen.append(kw["AHEAD"]), real[grid](*a, **kw))
+
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
     gen = torch.Generator().manual_seed(13)
     B, T, H, K, V = 3, 4, 2, 16, 32
     HV = 4 if gate == "gdn" else H
@@ -123,6 +139,7 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
     idx = torch.tensor([2, -1, 4])
     lb = -5.0 if gate == "kda" else None
     o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16)
+    assert seen == [gate == "gdn" if ahead is None else ahead]
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -145,7 +162,7 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
     """Default routing (H200 sweeps, docs/kernels.md 2026-11-30), KDA: verify windows run
     ``gated_delta_verify_wide_kernel`` with one warp, except plain windows from 8 programs per SM at 16
     columns (B = 32, 128 here), which run the lanes kernel (its prologue, then 16 columns x 8 key lanes;
-    test_delta_rule_lanes.py). Plain windows at B=1 the one-warp ``PLAIN`` binary, 4 columns. Snapshots
+    test_delta_rule_lanes.py). Plain windows at B=1 the one-warp ``PLAIN`` binary, 2 columns. Snapshots
     and deferred commit its all-modes binary: 4 / 8 columns (KDA's all-modes windows never take the lanes
     kernel). Decode on the V-major pool takes the ``PLAIN`` binary too; decode on the K-major pool and
     an explicit ``preload`` keep the register-tile kernel."""
@@ -176,7 +193,7 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
         run(replay_buffer=torch.zeros(B, T - 1, H, K + K + 1 + V))
         run(commit=False, preload=True)  # that kernel's knob: the register-tile kernel
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, "kda", -5.0, state_layout="vk")
-    plain, modes, narrow = [("wide", 4, 1, None, True)] * 2, [("wide", 4, 1, None, False)] * 2, [("narrow", 4, 1, True, None)]
+    plain, modes, narrow = [("wide", 2, 1, None, True)] * 2, [("wide", 4, 1, None, False)] * 2, [("narrow", 4, 1, True, None)]
     lanes = [("prep", None, 1, None, None), ("lanes", 16, 1, None, True)] * 2
     b32 = lanes + [("wide", 8, 1, None, False)] * 2
     b128 = lanes + [("wide", 8, 1, None, False)] * 2
@@ -319,7 +336,7 @@ def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
 def test_default_tiles_and_warps_follow_the_h200_sweep():
     """Issue 4 sweeps (docs/kernels.md): one warp per program; V-major decode 4 columns (KDA: up to
     32 programs per SM, then 16; GDN: always); the verify kernel's plain windows 16 columns halved to
-    fill 8 waves (4 at least; on a K-major pool 2 waves and 8 at least), its
+    fill 8 waves (4 at least, 2 with KDA's per-channel gate; on a K-major pool 2 waves and 8 at least), its
     all-modes binary 8 columns (16 K-major) halved under 8 waves; the register-tile kernel's verify
     tiles (explicit ``preload``) 4 columns with per-channel decay, 8 with per-head decay or K-major."""
     from sgl_hybrid_kernel.delta_rule.recurrent import (pick_deferred_tile, pick_value_tile, pick_wide_tile, recurrent_num_warps,
@@ -329,8 +346,8 @@ def test_default_tiles_and_warps_follow_the_h200_sweep():
     assert [pick_wide_tile(b, 12, 128, per_channel_decay=True) for b in (1, 2, 4, 8, 11, 12, 16, 32, 128)] == [4] * 5 + [16] * 4
     # decode, GDN (per-head gate, 48 value heads): 4 columns at every batch
     assert [pick_wide_tile(b, 48, 128) for b in (1, 8, 32, 256)] == [4, 4, 4, 4]
-    # plain verify windows: 16 halved (to 4) to fill 8 waves of 132 SMs
-    assert [pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4, 8, 16, 32, 128)] == [4, 4, 4, 8, 16, 16, 16]
+    # plain verify windows: 16 halved (to 4; KDA to 2) to fill 8 waves of 132 SMs
+    assert [pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4, 8, 16, 32, 128)] == [2, 2, 4, 8, 16, 16, 16]
     assert [pick_wide_tile(b, 48, 128, tokens=5) for b in (1, 2, 4, 32)] == [4, 8, 16, 16]
     # the K-major pool: 16 halved to fill 2 waves, 8 at least
     assert [pick_wide_tile(1, 4, 128, "kv"), pick_wide_tile(1, 12, 128, "kv", tokens=4), pick_wide_tile(32, 12, 128, "kv")] == [8, 8, 16]

@@ -157,6 +157,7 @@ def kernel_configs() -> List[KernelConfig]:
         gated_delta_recurrent_kernel,
         gated_delta_verify_wide_kernel,
     )
+    from sgl_hybrid_kernel.delta_rule.recurrent import plain_ahead
     from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 
     kda = dict(H=12, HV=12, K=128, V=128, BK=128)
@@ -178,7 +179,7 @@ def kernel_configs() -> List[KernelConfig]:
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
         return KernelConfig(name, gated_delta_verify_wide_kernel,
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, **shape, **lay["constexprs"],
-                                 **tile),
+                                 **tile, **({"AHEAD": True} if plain and plain_ahead(T, gate) else {})),
                             num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile))
 
     out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
@@ -190,6 +191,7 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_decode1w_bv16", 1, 16, GATE_KDA_SAFE, kda, vk),
             wide("gdn_decode1w_bv16", 1, 16, GATE_GDN, gdn, vk),
             wide("gdn_decode1w_bv4", 1, 4, GATE_GDN, gdn, vk),  # GDN decode's tile at every batch since 2026-11-30
+            wide("kda_verify1w_t4_bv2", 4, 2, GATE_KDA_SAFE, kda, vk),  # KDA's plain verify at B <= 2 since 2026-12-01
             wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
             wide("kda_verify1w_t4_bv8", 4, 8, GATE_KDA_SAFE, kda, vk),  # plain verify tiles by batch since 2026-11-30
             wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
