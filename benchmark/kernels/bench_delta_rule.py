@@ -839,18 +839,8 @@ CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
 CHUNK_STATE_VARIANTS = [
     ("table", {}),
-    # fourteenth round (issue 4): the w / u programs merge the inverse's off-diagonal blocks themselves
-    # (intra_inv_in_solve: no inverse launch, no M through memory); gate cumsum channel blocks / warps
-    ("inv_solve", dict(intra_inv_in_solve=True)),
-    ("inv_solve_w2", dict(intra_inv_in_solve=True, intra_solve_warps=2)),
-    ("inv_solve_w8", dict(intra_inv_in_solve=True, intra_solve_warps=8)),
-    ("solve_w8", dict(intra_solve_warps=8)),
-    # the KDA state pass that forms the output on 8 warps, at 32 columns or 64 (two value tiles per head
-    # instead of four: half the re-reads of w / kg / q e^G / Aqk per chunk; 255 registers, no spills)
-    ("fused32_w8", dict(state_warps_fused_kda=8)),
-    ("fused64_w8", dict(state_warps_fused_kda=8, fuse_output_kda_bv=(32, 64), state_bv_costs=((16, 1.0), (32, 1.27), (64, 1.6)))),
-    ("fused64_w8_st2", dict(state_warps_fused_kda=8, fuse_output_kda_bv=(32, 64), state_stages_fused=2,
-                            state_bv_costs=((16, 1.0), (32, 1.27), (64, 1.6)))),
+    # fourteenth round (issue 4): gate cumsum channel blocks / warps (the merged inverse and the 8-warp fused
+    # KDA state pass of that round were taken back: commit eddf5ea, docs/kernels.md)
     ("cs128", dict(cumsum_bk=128)),
     ("cs128_w8", dict(cumsum_bk=128, cumsum_warps=8)),
     ("cs32_w2", dict(cumsum_bk=32, cumsum_warps=2)),

@@ -84,9 +84,6 @@ class ChunkLaunch:
     stores the finished inverse in the scratch dtype, which the ``w`` / ``u`` step rounds it to anyway
     (bit-identical results, half the bytes); ``intra_inv_warps_diag``: the inverse launch's warps when it
     also inverts the diagonal blocks (no ``intra_diag_inv``: the unbounded KDA gate; 0: ``intra_inv_warps``);
-    ``intra_inv_in_solve`` (with ``intra_diag_inv``): the ``w`` / ``u`` programs merge the off-diagonal
-    blocks themselves, as the inverse launch would (same products, same rounding), and that launch is
-    skipped (no ``M`` through memory);
     ``intra_solve_lowp``: ``w`` / ``u`` as BF16 products of the finished inverse and
     their right operands rounded to the BF16 scratch (as fla's recompute of w / u; FP32 scratch:
     unchanged);
@@ -108,8 +105,7 @@ class ChunkLaunch:
     same contract): the state tiles (value columns, as :func:`pick_state_tile` chose them) at which the
     state pass also forms KDA's output from the ``q e^G`` and row factor the unstacked ``A`` programs write
     (empty: never; narrower tiles re-read ``q e^G`` too often, and the 64-column pass spills);
-    ``state_kd_fused_kda`` / ``state_warps_fused_kda``: that pass's key block (0: ``state_kd_fused``) and
-    warps (0: ``state_warps``);
+    ``state_kd_fused_kda``: that pass's key block (0: ``state_kd_fused``);
     ``value_tile``: value columns per output program; ``output_lowp``: the output step's two
     products take ``q e^G`` and ``Aqk`` rounded to the BF16 scratch (BF16 tensor-core products with
     FP32 accumulation, as fla's output step; FP32 scratch: unchanged); ``output_kd`` /
@@ -144,7 +140,6 @@ class ChunkLaunch:
     fuse_output_kda_bv: Tuple[int, ...] = ()
     intra_inv_chain: bool = False
     intra_inv_lowp: bool = False
-    intra_inv_in_solve: bool = False
     fast_exp: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
@@ -163,7 +158,6 @@ class ChunkLaunch:
     fuse_output_gdn: bool = False
     state_kd_fused: int = 0
     state_kd_fused_kda: int = 0
-    state_warps_fused_kda: int = 0
     state_stages_fused: int = 0
     value_tile: int = 32
     output_warps: int = 8
@@ -280,21 +274,18 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
                                                  KD=min(launch.intra_a_kd, BK), TF32=tf32, APREC=aprec))
-        inv_in_solve = diag_inv and launch.intra_inv_in_solve
-        chain = launch.intra_inv_chain and aprec == "tf32x3"
         intra = {
             "intra_a": a_part + ((launch.intra_arow_warps or launch.intra_a_warps) if stacked else launch.intra_a_warps,
                                  (BT // BC,), (launch.intra_aqk_stages or launch.intra_a_stages)
                                  if _splitq(launch, kind, lower_bound, tf32) else launch.intra_a_stages),
             "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
-                                                           APREC=aprec, INV=2 if inv_in_solve else launch.intra_inv,
-                                                           **(dict(DIAG_INV=True, CHAIN=chain) if inv_in_solve else {}),
+                                                           APREC=aprec, INV=launch.intra_inv,
                                                            LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0),
                             launch.intra_solve_warps, ()),
         }
-        if launch.intra_inv and not inv_in_solve:
+        if launch.intra_inv:
             intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv,
-                                                               CHAIN=chain),
+                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3"),
                                   launch.intra_inv_warps if diag_inv else (launch.intra_inv_warps_diag or launch.intra_inv_warps), ())
     else:
         intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
@@ -306,7 +297,6 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     if fuse_output:
         stages = launch.state_stages_fused or stages
         skd = (kind != GATE_GDN and launch.state_kd_fused_kda) or launch.state_kd_fused or skd
-        swarps = (kind != GATE_GDN and launch.state_warps_fused_kda) or swarps
     parts = {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind), launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),

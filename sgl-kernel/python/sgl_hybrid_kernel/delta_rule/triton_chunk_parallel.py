@@ -482,18 +482,12 @@ def chunk_intra_solve_kernel(
     KD: tl.constexpr,
     TF32: tl.constexpr,
     APREC: tl.constexpr = "ieee",
-    INV: tl.constexpr = False,  # a_ptr already holds the finished inverse M (chunk_intra_inv_kernel); 2: see below
+    INV: tl.constexpr = False,  # a_ptr already holds the finished inverse M (chunk_intra_inv_kernel)
     LOWP: tl.constexpr = 0,  # w / u products with M and their right operands rounded to the scratch dtype (_rdot)
-    DIAG_INV: tl.constexpr = False,  # INV == 2: as chunk_intra_inv_kernel's
-    CHAIN: tl.constexpr = False,  # INV == 2: as chunk_intra_inv_kernel's
 ):
     """Split in-chunk step, part 2: grid (chunks, HV); ``M = (I + A)^-1`` by the same block forward
     substitution as the fused kernel (diagonal blocks read straight from the FP32 ``A``), or with
-    ``INV`` read as computed by :func:`chunk_intra_inv_kernel`, or with ``INV == 2`` computed here as
-    that kernel computes it (:func:`_block_inverse` on the ten lower ``[BC, BC]`` blocks of the FP32
-    ``A``; no inverse launch, no ``M`` through memory) and placed into ``[BT, BT]`` by exact 0/1 products
-    (:func:`_place_lower`: ``M`` rounded to the scratch dtype first with ``LOWP == 1``, as the ``w`` / ``u``
-    products round it, so the results equal the two-launch path's); then ``w``, ``u`` and ``kg``
+    ``INV`` read as computed by :func:`chunk_intra_inv_kernel`; then ``w``, ``u`` and ``kg``
     (:func:`_wu_tail`)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -514,15 +508,7 @@ def chunk_intra_solve_kernel(
     m_t = o_t < T
     tokc = tl.minimum(o_t, T - 1)
     o_c = tl.arange(0, BC)
-    if INV == 2:
-        M = _place_lower(*_block_inverse(
-            _ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC),
-            _ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC),
-            _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC),
-            _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC),
-            _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC, APREC,
-            DIAG_INV, CHAIN), w_ptr.dtype.element_ty, LOWP, BT, BC)
-    elif INV:
+    if INV:
         M = tl.load(a_ptr + (o_t[:, None] * HV + i_hv) * BT + o_t[None, :], mask=m_t[:, None], other=0.0)
     else:
         M = _solve_rows(a_ptr, o_t, o_c, T, i_hv, HV, BT, BC, APREC)
@@ -646,61 +632,6 @@ def _block_inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.cons
     M30 = -tl.dot(M33, tl.dot(A30, M00, input_precision=APREC) + tl.dot(A31, M10, input_precision=APREC)
                   + tl.dot(A32, M20, input_precision=APREC), input_precision=APREC)
     return M00, M10, M11, M20, M21, M22, M30, M31, M32, M33
-
-
-@triton.jit
-def _place_row(X, j: tl.constexpr, R, o_c, o_t, BC: tl.constexpr, dt: tl.constexpr, LOWP: tl.constexpr):
-    """``R`` plus the ``[BC, BC]`` block ``X`` placed at column block ``j`` of a ``[BC, BT]`` row tile
-    (see :func:`_place_lower`)."""
-    P = tl.where(o_t[None, :] == j * BC + o_c[:, None], 1.0, 0.0)
-    if LOWP == 1 and dt != tl.float32:
-        return tl.dot(X.to(dt), P.to(dt), R)
-    elif LOWP == 2 and dt != tl.float32:
-        return tl.dot(X.to(dt).to(tl.float32), P, R, input_precision="ieee")
-    else:
-        return tl.dot(X, P, R, input_precision="ieee")
-
-
-@triton.jit
-def _place_col(R, i: tl.constexpr, Mf, o_c, o_t, BC: tl.constexpr, dt: tl.constexpr, LOWP: tl.constexpr):
-    """``Mf`` plus the ``[BC, BT]`` row tile ``R`` placed at row block ``i`` of a ``[BT, BT]`` tile
-    (``R`` is exact in ``dt`` already where it was rounded)."""
-    Q = tl.where(o_t[:, None] == i * BC + o_c[None, :], 1.0, 0.0)
-    if LOWP == 1 and dt != tl.float32:
-        return tl.dot(Q.to(dt), R.to(dt), Mf)
-    else:
-        return tl.dot(Q, R, Mf, input_precision="ieee")
-
-
-@triton.jit
-def _place_lower(X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, dt: tl.constexpr, LOWP: tl.constexpr,
-                 BT: tl.constexpr, BC: tl.constexpr):
-    """The ten lower ``[BC, BC]`` blocks of ``M`` as one ``[BT, BT]`` tile (upper blocks zero; in ``dt`` with
-    ``LOWP == 1``, else FP32), by
-    products with 0/1 placement matrices, which are exact: one nonzero term per output. ``LOWP == 1`` and
-    a 16-bit ``dt``: the blocks rounded to ``dt`` first (16-bit products, as the ``w`` / ``u`` products
-    round ``M``); ``LOWP == 2`` (interpreter): rounded to ``dt``, placed by FP32 products; else FP32."""
-    o_c = tl.arange(0, BC)
-    o_t = tl.arange(0, BT)
-    z = tl.zeros([BC, BT], dtype=tl.float32)
-    R0 = _place_row(X00, 0, z, o_c, o_t, BC, dt, LOWP)
-    R1 = _place_row(X10, 0, z, o_c, o_t, BC, dt, LOWP)
-    R1 = _place_row(X11, 1, R1, o_c, o_t, BC, dt, LOWP)
-    R2 = _place_row(X20, 0, z, o_c, o_t, BC, dt, LOWP)
-    R2 = _place_row(X21, 1, R2, o_c, o_t, BC, dt, LOWP)
-    R2 = _place_row(X22, 2, R2, o_c, o_t, BC, dt, LOWP)
-    R3 = _place_row(X30, 0, z, o_c, o_t, BC, dt, LOWP)
-    R3 = _place_row(X31, 1, R3, o_c, o_t, BC, dt, LOWP)
-    R3 = _place_row(X32, 2, R3, o_c, o_t, BC, dt, LOWP)
-    R3 = _place_row(X33, 3, R3, o_c, o_t, BC, dt, LOWP)
-    Mf = tl.zeros([BT, BT], dtype=tl.float32)
-    Mf = _place_col(R0, 0, Mf, o_c, o_t, BC, dt, LOWP)
-    Mf = _place_col(R1, 1, Mf, o_c, o_t, BC, dt, LOWP)
-    Mf = _place_col(R2, 2, Mf, o_c, o_t, BC, dt, LOWP)
-    Mf = _place_col(R3, 3, Mf, o_c, o_t, BC, dt, LOWP)
-    if LOWP == 1 and dt != tl.float32:
-        Mf = Mf.to(dt)  # exact: every entry is one rounded block entry
-    return Mf
 
 
 @triton.jit
