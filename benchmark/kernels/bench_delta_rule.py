@@ -839,24 +839,8 @@ CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
 CHUNK_STATE_VARIANTS = [
     ("table", {}),
-    # fourteenth round (issue 4): gate cumsum channel blocks / warps (the merged inverse and the 8-warp fused
-    # KDA state pass of that round were taken back: commit eddf5ea, docs/kernels.md)
-    # register caps (maxnreg) on the in-chunk launches: more programs per SM where shared memory allows
-    ("a_mr200", dict(intra_a_maxnreg=200)),
-    ("a_mr168", dict(intra_a_maxnreg=168)),
-    ("a_mr168_st3", dict(intra_a_maxnreg=168, intra_aqk_stages=3)),
-    ("a_mr152_st3", dict(intra_a_maxnreg=152, intra_aqk_stages=3)),
-    ("a_st3", dict(intra_aqk_stages=3)),
-    ("inv_mr128", dict(intra_inv_maxnreg=128)),
-    ("solve_mr96", dict(intra_solve_maxnreg=96)),
-    ("a168_inv128", dict(intra_a_maxnreg=168, intra_inv_maxnreg=128)),
-    ("a160_inv128", dict(intra_a_maxnreg=160, intra_inv_maxnreg=128)),
-    ("a144_inv128", dict(intra_a_maxnreg=144, intra_inv_maxnreg=128)),
-    ("a136_inv128", dict(intra_a_maxnreg=136, intra_inv_maxnreg=128)),
-    ("a168_inv128_st5", dict(intra_a_maxnreg=168, intra_inv_maxnreg=128, intra_aqk_stages=5)),
-    ("a168_inv128_st2", dict(intra_a_maxnreg=168, intra_inv_maxnreg=128, intra_aqk_stages=2)),
-    ("a168_inv112", dict(intra_a_maxnreg=168, intra_inv_maxnreg=112)),
-    ("a176_inv128", dict(intra_a_maxnreg=176, intra_inv_maxnreg=128)),
+    # fourteenth round (issue 4): gate cumsum channel blocks / warps (the merged inverse, the 8-warp fused
+    # KDA state pass and the register caps of that round were taken back: commits eddf5ea, 5d4d286; docs/kernels.md)
     ("cs128", dict(cumsum_bk=128)),
     ("cs128_w8", dict(cumsum_bk=128, cumsum_warps=8)),
     ("cs32_w2", dict(cumsum_bk=32, cumsum_warps=2)),

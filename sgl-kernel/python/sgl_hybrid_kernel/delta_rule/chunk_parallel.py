@@ -140,9 +140,6 @@ class ChunkLaunch:
     fuse_output_kda_bv: Tuple[int, ...] = ()
     intra_inv_chain: bool = False
     intra_inv_lowp: bool = False
-    intra_a_maxnreg: int = 0
-    intra_inv_maxnreg: int = 0
-    intra_solve_maxnreg: int = 0
     fast_exp: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
@@ -445,11 +442,6 @@ def seq_plan(bos: Sequence[int], device: torch.device) -> SeqPlan:
     return plan
 
 
-def _maxnreg(n: int, dev: torch.device) -> dict:
-    """``maxnreg`` launch option (CUDA only; 0: none)."""
-    return {"maxnreg": n} if n and dev.type == "cuda" and torch.version.hip is None else {}
-
-
 def gated_delta_chunk_parallel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -549,17 +541,15 @@ def gated_delta_chunk_parallel(
         a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
         kern, cx, nw, grid, ns = p["intra_a"]
         kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns,
-                              **_maxnreg(launch.intra_a_maxnreg, dev),
                               **({"rq_ptr": rq} if rq is not None else {}), **({"qeg_ptr": qeg} if qeg is not None else {}))
         m_rows = a_rows  # the inverse's rows: over A (FP32), or the 16-bit scratch that w / u round M to anyway
         if "intra_inv" in p:
             if launch.intra_inv_lowp and launch.intra_solve_lowp and sd.itemsize == 2:
                 m_rows = torch.empty(N, HV, BT, dtype=sd, device=dev)
             kern, cx, nw, grid = p["intra_inv"]
-            kern[(NC, HV)](a_rows, m_rows, cu_seqlens, cidx, **cx, num_warps=nw, **_maxnreg(launch.intra_inv_maxnreg, dev))
+            kern[(NC, HV)](a_rows, m_rows, cu_seqlens, cidx, **cx, num_warps=nw)
         kern, cx, nw, grid = p["intra_solve"]
-        kern[(NC, HV)](k, v, b, G, m_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw,
-                       **_maxnreg(launch.intra_solve_maxnreg, dev))
+        kern[(NC, HV)](k, v, b, G, m_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw)
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()
