@@ -157,7 +157,6 @@ def kernel_configs() -> List[KernelConfig]:
         gated_delta_recurrent_kernel,
         gated_delta_verify_wide_kernel,
     )
-    from sgl_hybrid_kernel.delta_rule.recurrent import plain_ahead
     from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 
     kda = dict(H=12, HV=12, K=128, V=128, BK=128)
@@ -179,7 +178,7 @@ def kernel_configs() -> List[KernelConfig]:
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
         return KernelConfig(name, gated_delta_verify_wide_kernel,
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, **shape, **lay["constexprs"],
-                                 **tile, **({"AHEAD": True} if plain and plain_ahead(T, gate) else {})),
+                                 **tile),
                             num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile))
 
     out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),

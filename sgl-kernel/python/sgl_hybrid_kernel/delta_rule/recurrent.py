@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -308,7 +307,7 @@ def gated_delta_recurrent_triton(
             return o
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, AHEAD=plain_ahead(T, kind) if plain else False)
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
         warps = num_warps or 1
     else:
         kernel = gated_delta_recurrent_kernel
@@ -482,21 +481,6 @@ def use_wide_verify(batch: int, tokens: int, state_layout: str = "vk") -> bool:
     return tokens > 1 or state_layout == "vk"
 
 
-# SGL_HYBRID_PLAIN_AHEAD=0 keeps every plain verify window on the per-token chain (plain_ahead).
-PLAIN_AHEAD = os.environ.get("SGL_HYBRID_PLAIN_AHEAD", "1") != "0"
-
-
-def plain_ahead(tokens: int, kind: int) -> bool:
-    """Whether a plain verify window of the one-warp kernel takes the next token's ``k.S`` reduction one
-    token early (``AHEAD``, :func:`triton_recurrent._verify_plain_ahead`): windows (``tokens > 1``) with a
-    per-head decay (GDN). H200, 2026-12-01 (``2026-12-01-h200-verify_plain_ahead_on.json`` / ``..._off.json``,
-    graph replay, states from HBM): GDN T=5 B=1 (4 columns) 5.44 -> 5.02 us; KDA T=4 B = 1 / 2 / 4 at
-    2 / 2 / 4 columns 3.27 / 3.94 / 4.87 -> 3.75 / 4.36 / 5.37 us, slower: the early reduction waits for
-    the next token's normalised key and per-channel decay, which the per-token chain had hidden behind
-    the current token's. ``PLAIN_AHEAD`` (``SGL_HYBRID_PLAIN_AHEAD=0``) turns it off."""
-    return PLAIN_AHEAD and tokens > 1 and kind == GATE_GDN
-
-
 def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
                    tuning: Optional[ValueTileTuning] = None, tokens: int = 1, per_channel_decay: bool = False) -> int:
     """Value columns per one-warp program of the verify kernel's ``PLAIN`` binary (V-major pool:
@@ -516,9 +500,9 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
       dependent chain is long, so the grid needs more programs in flight than decode's.
       H200, same run: KDA T=4 B = 2 / 4 / 8: 4.27 / 5.11 / 7.44 us vs 4.70 / 7.00 / 8.22 with 2
       waves; GDN T=5 B = 1 / 2: 5.71 / 8.05 vs 7.86 / 8.70. With a per-channel gate (KDA) the halving
-      goes on to 2 columns: H200, 2026-12-01 (``2026-12-01-h200-verify_bv2*.json``), KDA T=4 B = 1 / 2:
-      3.28-3.30 / 3.89 us vs 3.43 / 3.97 at 4 columns (B=4, which stops at 4: 5.80 vs 4.86; GDN at 2
-      columns was slower at every batch).
+      goes on to 2 columns: H200, 2026-12-01 (``2026-12-01-h200-verify_bv2*.json``, four runs), KDA T=4
+      B = 1 / 2: 3.27-3.30 / 3.89-3.94 us vs 3.42-3.43 / 3.97-4.01 at 4 columns (B=4, which stops at 4:
+      5.80 vs 4.86; 1 column: 3.53 at B=1; GDN at 2 columns was slower at every batch).
     * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least (a row
       is then one 32-byte sector); not re-measured. H200: B=1 -> 8, B >= 32 -> 16."""
     tuning = tuning or INTERPRETER_TUNING

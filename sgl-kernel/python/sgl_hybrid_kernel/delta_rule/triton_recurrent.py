@@ -147,69 +147,6 @@ def _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K: tl.constexpr, GATE: 
 
 
 @triton.jit
-def _plain_token(q, k, f, b, A, dtb, scale, lower_bound, GATE: tl.constexpr, L2NORM: tl.constexpr):
-    """One token's S-independent quantities, with :func:`_verify_per_token`'s formulas: q (normalised,
-    scaled), k (normalised), the decay ``e^g`` (``[BK]`` per channel or a scalar), sigmoid(beta), q.k."""
-    if L2NORM:
-        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
-        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    q = q * scale
-    b = 1.0 / (1.0 + tl.exp(-b))
-    if GATE == 1:
-        g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
-    else:
-        g = -A * _softplus(f + dtb)
-    return q, k, tl.exp(g), b, tl.sum(q * k, axis=0)
-
-
-@triton.jit
-def _decayed(S, d, k):
-    """``S`` decayed by ``d``: per key channel (``d`` shaped like ``k``) or by a scalar."""
-    if d.shape == k.shape:
-        return S * d[:, None]
-    else:
-        return S * d
-
-
-@triton.jit
-def _verify_plain_ahead(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale,
-                        lower_bound, COMMIT, T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                        V: tl.constexpr, o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr):
-    """A plain verify window (``PLAIN``, ``T > 1``) with the next token's ``k.S`` reduction taken one
-    token early. With ``D_t`` the decayed state before token t's update (``S_{t-1} e^{g_t}``), the
-    delta rule gives ``D_{t+1} = (D_t + beta_t k_t err_t^T) e^{g_{t+1}}``, so
-
-        k_{t+1} . D_{t+1} = (k_{t+1} e^{g_{t+1}}) . D_t  +  beta_t ((k_{t+1} e^{g_{t+1}}) . k_t) err_t:
-
-    the reduction over the state slice reads ``D_t``, which exists before ``err_t`` does, and only a
-    ``[BV]`` multiply-add waits for ``err_t``. The per-token chain (state → K-reduction → err → state)
-    becomes one reduction every two tokens; the output reductions ``q_t . D_t`` were off it already.
-    Same quantities as :func:`_verify_per_token`, reassociated: equal to FP32 rounding (a plain window
-    is never replayed). Issue 4 (verify within 1.25x of decode at small batches)."""
-    q, k, d, b, qk = _plain_token(q, k, f, b, A, dtb, scale, lower_bound, GATE, L2NORM)
-    D = _decayed(S, d, k)
-    kS = tl.sum(D * k[:, None], axis=0)
-    for t in tl.static_range(T):
-        n = i_b * T + t
-        err = v - kS
-        o = tl.sum(D * q[:, None], axis=0) + (b * qk) * err
-        tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
-        bk = b * k
-        if t + 1 < T:
-            qn, kn, vn, fn, bn = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n + 1, i_h, i_hv, H, HV, K, V, o_k, o_v,
-                                               m_k, m_v, GATE)
-            qn, kn, dn, bn, qkn = _plain_token(qn, kn, fn, bn, A, dtb, scale, lower_bound, GATE, L2NORM)
-            kd = kn * dn
-            kS = tl.sum(D * kd[:, None], axis=0) + tl.sum(kd * bk, axis=0) * err
-            D = _decayed(D + bk[:, None] * err[None, :], dn, kn)
-            q, k, v, b, qk = qn, kn, vn, bn, qkn
-        else:
-            S = D + bk[:, None] * err[None, :]
-    if COMMIT:
-        tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
-
-
-@triton.jit
 def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b,
                       i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -482,7 +419,6 @@ def gated_delta_verify_wide_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
-    AHEAD: tl.constexpr = False,  # PLAIN windows (T > 1): _verify_plain_ahead
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -549,10 +485,6 @@ def gated_delta_verify_wide_kernel(
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
                             m_k, m_v, HV, K, V, GK)
-    if PLAIN and AHEAD and T > 1:
-        _verify_plain_ahead(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale,
-                            lower_bound, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
-    else:
-        _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
-                          replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off,
-                          SAVE_INTER, DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
+    _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
+                      replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
