@@ -495,7 +495,7 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
       graph replay, states from HBM): KDA (12 heads) B = 2 / 4 / 8: 2.83 / 3.71 / 5.52 us vs
       3.42 / 3.88 / 5.84 with the earlier rule; GDN (48 value heads) B = 1 / 2 / 8: 3.26 / 5.42 /
       15.08 vs 3.46 / 5.86 / 15.50 (B = 4: 9.01 vs 8.90, the one batch where 16 columns won).
-    * Plain verify windows (``tokens > 1``), V-major: 16 columns, halved (to 4 at least) while
+    * Plain verify windows (``tokens > 1``), V-major: 16 columns, halved (to 4 at least; 2 for KDA) while
       ``B * HV * V / BV`` programs fall short of ``tuning.verify_waves`` waves: each token's
       dependent chain is long, so the grid needs more programs in flight than decode's.
       H200, same run: KDA T=4 B = 2 / 4 / 8: 4.27 / 5.11 / 7.44 us vs 4.70 / 7.00 / 8.22 with 2
