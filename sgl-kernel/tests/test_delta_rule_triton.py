@@ -280,6 +280,45 @@ def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
     assert tiles == [(32, 4, True), (32, 4, True), (8, 16, True), (32, 4, True), (32, 4, True), (16, 8, True)]
 
 
+def test_fast_gate_only_for_kda_plain_verify_at_4_to_8_columns_on_cuda(monkeypatch):
+    """``recurrent.use_fast_gate`` (H200 sweep, issue 4): the fix-up-free gate / beta MUFU operations
+    (inline PTX) go to KDA's plain verify windows at 4- and 8-column tiles on CUDA only -- never to
+    decode, 2- or 16-column windows, the all-modes binary, GDN, ROCm, or the interpreter (which has no
+    inline assembly). The wrapper passes the rule's answer as the kernel's ``FAST``."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    fast = rec.use_fast_gate
+    assert [fast(cuda, GATE_KDA_SAFE, 4, bv, True) for bv in (2, 4, 8, 16)] == [False, True, True, False]
+    assert not fast(cuda, GATE_KDA_SAFE, 1, 4, True)  # decode
+    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, False)  # all-modes binary
+    assert not fast(cuda, GATE_GDN, 5, 4, True) and not fast(cuda, GATE_KDA, 4, 4, True)
+    assert not fast(torch.device("cpu"), GATE_KDA_SAFE, 4, 4, True)
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True)
+
+    # the wrapper hands the rule its gate kind, window length, tile and binary
+    seen = []
+    monkeypatch.setattr(rec, "use_fast_gate", lambda *a: seen.append(a[1:]) or True)
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw["FAST"])
+
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, f, b, A, dtb = _batch(gen, 4, 4, 12, 12, 128, 128, "kda")
+    gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, torch.zeros(4, 12, 128, 128), torch.arange(4), 4, "kda", -5.0,
+                                 state_layout="vk", commit=False)
+    assert seen == [(GATE_KDA_SAFE, 4, 4, True), True]
+
+
 def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
     """Bit-exact deferred commit on a GPU rests on snapshots, deferred verify, fused replay and
     ``replay_commit`` running the same compiled kernel (same register layouts, so the same

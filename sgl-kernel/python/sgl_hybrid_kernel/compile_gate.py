@@ -174,12 +174,13 @@ def kernel_configs() -> List[KernelConfig]:
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
                             num_warps=max(1, bv // 16), divisible=lay["divisible"])
 
-    def wide(name, T, bv, gate, shape, lay, plain=True):  # V-major decode and every verify window (recurrent.use_wide_verify)
+    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
         return KernelConfig(name, gated_delta_verify_wide_kernel,
-                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, **shape, **lay["constexprs"],
+                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, **shape, **lay["constexprs"],
                                  **tile),
-                            num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile))
+                            num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile),
+                            targets=("sm90",) if fast else tuple(TARGETS))  # FAST: CUDA only (recurrent.use_fast_gate)
 
     out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
             rec("kda_verify_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk), rec("gdn_decode_bv16", 1, 16, GATE_GDN, gdn, vk),
@@ -194,6 +195,9 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
             wide("kda_verify1w_t4_bv8", 4, 8, GATE_KDA_SAFE, kda, vk),  # plain verify tiles by batch since 2026-11-30
             wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
+            # KDA's plain verify at 4 / 8 columns on CUDA since 2026-12-01 (recurrent.use_fast_gate)
+            wide("kda_verify1w_t4_bv4_fast", 4, 4, GATE_KDA_SAFE, kda, vk, fast=True),
+            wide("kda_verify1w_t4_bv8_fast", 4, 8, GATE_KDA_SAFE, kda, vk, fast=True),
             wide("gdn_verify1w_t5_bv4", 5, 4, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv8", 5, 8, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -307,7 +308,7 @@ def gated_delta_recurrent_triton(
             return o
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain)
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain))
         warps = num_warps or 1
     else:
         kernel = gated_delta_recurrent_kernel
@@ -334,6 +335,22 @@ def gated_delta_recurrent_triton(
         num_warps=warps,
     )
     return o
+
+
+def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:
+    """Whether a window of the one-warp verify kernel takes ``FAST`` (:func:`triton_recurrent._fexp`,
+    ``_frcp``): the bounded KDA gate's and beta's exponentials and reciprocals as ``ex2.approx.ftz`` /
+    ``rcp.approx.ftz`` instead of ``tl.exp`` / ``div.full``, which wrap the same MUFU instructions in
+    denormal and range fix-ups (equal results wherever no operand or result is denormal or above
+    ``2^126``). Plain verify windows (``tokens > 1``) at 4- and 8-column tiles, compiled for CUDA only
+    (not ROCm, not the interpreter, which has no inline assembly). There the per-token instructions,
+    which every program of a head repeats, bound the window: the T=4 binary at 8 columns has 2,136 SASS
+    instructions instead of 2,352. H200, 2026-12-01 (``2026-12-01-h200-verify_fastgate*.json``, graph replay, states
+    from HBM, two runs, outputs bit-identical): KDA T=4 B = 4 / 8 4.74-4.79 / 6.57-6.65 us vs
+    4.94-4.95 / 7.19; at 2 columns (B = 1 / 2) +1.5 / -1.5 %, at 16 columns (B = 16 / 32) 0 / +0.8 %,
+    KDA decode +1-2 %, GDN decode +0-3 %: off there. Issue 4."""
+    return (plain and tokens > 1 and gate_kind == GATE_KDA_SAFE and 4 <= value_tile < 16 and device.type == "cuda"
+            and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1")
 
 
 def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes: int) -> bool:

@@ -59,6 +59,28 @@ def _softplus(x):
 
 
 @triton.jit
+def _fexp(x, FAST: tl.constexpr):
+    """``e^x`` in FP32; ``FAST`` (CUDA): ``ex2.approx.ftz`` of ``x log2 e`` without ``tl.exp``'s denormal
+    fix-up (results below ``2^-126`` flush to zero; the same ``ex2.approx`` accuracy otherwise)."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _frcp(x, FAST: tl.constexpr):
+    """``1 / x`` in FP32; ``FAST`` (CUDA): ``rcp.approx.ftz``, the reciprocal ``div.full`` multiplies by, without
+    its scaling of divisors above ``2^126``."""
+    if FAST:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return 1.0 / x
+
+
+@triton.jit
 def _delta_update(S, k, v, decay, beta):
     """One token of the delta rule on a ``[BK, BV]`` state slice; ``decay`` is
     ``[BK]`` (per channel) or a scalar. Returns the new state, the decayed state ``S'``
@@ -150,7 +172,8 @@ def _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K: tl.constexpr, GATE: 
 def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr, rec_base, i_b,
                       i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr):
+                      o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr,
+                      FAST: tl.constexpr = False):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
     token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
@@ -171,13 +194,22 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
         q = q * scale
-        b = 1.0 / (1.0 + tl.exp(-b))
-        if GATE == 1:
-            g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
+        if FAST:
+            # the same MUFU operations as below without their range fix-ups: equal results wherever no
+            # operand or result is denormal or above 2^126 (KDA's bounded gate, GATE == 1, only)
+            tl.static_assert(GATE == 1, "FAST: the bounded KDA gate")
+            b = _frcp(1.0 + _fexp(-b, FAST), FAST)
+            g = lower_bound * _frcp(1.0 + _fexp(-A * (f + dtb), FAST), FAST)
+            d = _fexp(g, FAST)
         else:
-            g = -A * _softplus(f + dtb)
+            b = 1.0 / (1.0 + tl.exp(-b))
+            if GATE == 1:
+                g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
+            else:
+                g = -A * _softplus(f + dtb)
+            d = tl.exp(g)
         qk = tl.sum(q * k, axis=0)
-        S, Sd, err = _delta_update(S, k, v, tl.exp(g), b)
+        S, Sd, err = _delta_update(S, k, v, d, b)
         o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
         if SAVE_INTER:
@@ -419,6 +451,7 @@ def gated_delta_verify_wide_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
+    FAST: tl.constexpr = False,  # PLAIN, bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -487,4 +520,4 @@ def gated_delta_verify_wide_kernel(
                             m_k, m_v, HV, K, V, GK)
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
-                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM)
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM, FAST and PLAIN)
