@@ -839,6 +839,10 @@ CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
 CHUNK_STATE_VARIANTS = [
     ("table", {}),
+    # fifteenth round (issue 4): the gate cumsum's exponential / reciprocal with their fix-ups, as before
+    # (cumsum_fast_exp is the sm_90 table's default since; the same for the w / u step's exponentials was
+    # timed too: 895 -> 886 us at B=8, within the spread, option removed; 2026-12-01-h200-prefill_fexp.json)
+    ("cumsum_fixup_exp", dict(cumsum_fast_exp=False)),
     # fourteenth round (issue 4): gate cumsum channel blocks / warps (the merged inverse, the 8-warp fused
     # KDA state pass and the register caps of that round were taken back: commits eddf5ea, 5d4d286; docs/kernels.md)
     ("cs128", dict(cumsum_bk=128)),

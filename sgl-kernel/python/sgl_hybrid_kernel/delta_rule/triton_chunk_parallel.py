@@ -119,6 +119,7 @@ def chunk_gate_cumsum_kernel(
     BK: tl.constexpr,  # channels per program (the gate is independent per channel)
     BT: tl.constexpr,
     GATE: tl.constexpr,
+    FAST_EXP: tl.constexpr = False,  # CUDA, bounded KDA gate: exponential / reciprocal without fix-ups (cumsum_fast_exp)
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -144,7 +145,12 @@ def chunk_gate_cumsum_kernel(
         if GATE == 0:
             g = -A_h * _softplus(x)
         else:
-            g = lower_bound / (1.0 + tl.exp(-A_h * x))
+            if FAST_EXP:
+                g = lower_bound * tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f",
+                                                            [1.0 + _exp(-A_h * x, FAST_EXP)], dtype=tl.float32,
+                                                            is_pure=True, pack=1)
+            else:
+                g = lower_bound / (1.0 + tl.exp(-A_h * x))
         g = tl.where(m_tk, g, 0.0)
         tl.store(g_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], tl.cumsum(g, axis=0), mask=m_tk)
 
