@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from sgl_hybrid_kernel.delta_rule.triton_chunk import _tril_inverse_16
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import _softplus
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import _fexp, _frcp, _softplus
 
 
 @triton.jit
@@ -146,9 +146,7 @@ def chunk_gate_cumsum_kernel(
             g = -A_h * _softplus(x)
         else:
             if FAST_EXP:
-                g = lower_bound * tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f",
-                                                            [1.0 + _exp(-A_h * x, FAST_EXP)], dtype=tl.float32,
-                                                            is_pure=True, pack=1)
+                g = lower_bound * _frcp(1.0 + _fexp(-A_h * x, FAST_EXP), FAST_EXP)
             else:
                 g = lower_bound / (1.0 + tl.exp(-A_h * x))
         g = tl.where(m_tk, g, 0.0)
@@ -669,12 +667,8 @@ def _exp(x, FAST: tl.constexpr):
     without the denormal fix-up of ``tl.exp`` (results below ``2^-126`` flush to zero; same ``ex2.approx``
     accuracy otherwise). For the stacked ``A`` build, whose exponents are bounded below by
     ``-15 |lower_bound|`` except the per-pair vector ``e^{G_r - E_j}``, where a flushed value only
-    drops terms below ``1e-38`` of the sum."""
-    if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        return tl.exp(x)
+    drops terms below ``1e-38`` of the sum. (:func:`triton_recurrent._fexp`.)"""
+    return _fexp(x, FAST)
 
 
 @triton.jit
