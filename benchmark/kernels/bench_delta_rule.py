@@ -1538,8 +1538,13 @@ def bench_recurrent_sweep(results, ceiling):
     pool = torch.randn(SLOTS, H, V, K, device=DEV)
     A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
     small = torch.randn(160, H, V, K, device=DEV)
-    for T in (1, 4):
+    # (T, mode): decode, plain verify windows, and the snapshot windows SGLang's target_verify asks for (the
+    # state after every token written: B * T states; the all-modes binary)
+    for T, snapshots in ((1, False), (4, False), (4, True)):
         for B in (SWEEP_DECODE_BATCHES or (1, 32, 128)) if T == 1 else (SWEEP_VERIFY_BATCHES or (1, 32, 128)):
+            tag = "kda_decode" if T == 1 else (f"kda_snapshots_t{T}" if snapshots else f"kda_verify_t{T}")
+            if SWEEP_CASES is not None and not any(c in tag for c in SWEEP_CASES):
+                continue
             ROT = _hbm_rot(B, H * K * V * 4, SLOTS)
             perms = [torch.randperm(SLOTS, device=DEV)[:B].to(torch.int32) for _ in range(ROT)]
             N = B * T
@@ -1548,14 +1553,18 @@ def bench_recurrent_sweep(results, ceiling):
             b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
             o = torch.empty_like(v)
             cidx = torch.randperm(160, device=DEV)[:B].to(torch.int32)
+            snap = dict(inter_state=torch.empty((N, H, V, K), device=DEV),
+                        inter_indices=torch.arange(N, device=DEV, dtype=torch.int32)) if snapshots else {}
 
             def call(fn, r, kw):
-                return fn(q, k, v, f, b, A, dtb, pool, perms[r], T, "kda", LB, state_layout="vk", commit=(T == 1), out=o, **kw)
+                return fn(q, k, v, f, b, A, dtb, pool, perms[r], T, "kda", LB, state_layout="vk", commit=(T == 1), out=o,
+                          **snap, **kw)
 
             def check(fn, kw):
                 p = small.clone()
-                out = fn(q, k, v, f, b, A, dtb, p, cidx, T, "kda", LB, state_layout="vk", commit=(T == 1), **kw).float()
-                return torch.cat([out.flatten(), p[cidx.long()].flatten()])
+                sp = dict(snap, inter_state=torch.zeros_like(snap["inter_state"])) if snapshots else {}
+                out = fn(q, k, v, f, b, A, dtb, p, cidx, T, "kda", LB, state_layout="vk", commit=(T == 1), **sp, **kw).float()
+                return torch.cat([out.flatten(), p[cidx.long()].flatten()] + ([sp["inter_state"].flatten()] if snapshots else []))
 
             q4, k4, v4, f4 = (t.view(B, T, H, -1) for t in (q, k, v, f))
             b4 = b.view(B, T, H)
@@ -1574,8 +1583,8 @@ def bench_recurrent_sweep(results, ceiling):
                                             state_v_first=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                             use_beta_sigmoid_in_kernel=True, lower_bound=LB)
 
-            run_case("kda_decode" if T == 1 else f"kda_verify_t{T}", B, T, pool, perms, call,
-                     SWEEP_TILES[("decode" if T == 1 else "verify", int(B == 1))], fla_call, check)
+            run_case(tag, B, T, pool, perms, call, SWEEP_TILES[("decode" if T == 1 else "verify", int(B == 1))],
+                     fla_call, check)
     del pool, small
     torch.cuda.empty_cache()
 

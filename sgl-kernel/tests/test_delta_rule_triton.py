@@ -280,11 +280,13 @@ def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
     assert tiles == [(32, 4, True), (32, 4, True), (8, 16, True), (32, 4, True), (32, 4, True), (16, 8, True)]
 
 
-def test_fast_gate_only_for_kda_plain_verify_at_4_to_8_columns_on_cuda(monkeypatch):
-    """``recurrent.use_fast_gate`` (H200 sweep, issue 4): the fix-up-free gate / beta MUFU operations
-    (inline PTX) go to KDA's plain verify windows at 4- and 8-column tiles on CUDA only -- never to
-    decode, 2- or 16-column windows, the all-modes binary, GDN, ROCm, or the interpreter (which has no
-    inline assembly). The wrapper passes the rule's answer as the kernel's ``FAST``."""
+def test_fast_gate_for_kda_all_modes_and_plain_verify_at_4_to_8_columns_on_cuda(monkeypatch):
+    """``recurrent.use_fast_gate`` (H200 sweeps, issue 4): the fix-up-free gate / beta MUFU operations
+    (inline PTX) go, on CUDA only, to KDA's all-modes binary whatever the window (so snapshots, deferred
+    commit, fused replay and ``replay_commit`` still share one binary) and to its plain verify windows at
+    4- and 8-column tiles -- never to plain decode, 2- or 16-column plain windows, GDN, the unbounded KDA
+    gate, ROCm, or the interpreter (which has no inline assembly). The wrapper passes the rule's answer as
+    the kernel's ``FAST``."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -294,14 +296,16 @@ def test_fast_gate_only_for_kda_plain_verify_at_4_to_8_columns_on_cuda(monkeypat
     fast = rec.use_fast_gate
     assert [fast(cuda, GATE_KDA_SAFE, 4, bv, True) for bv in (2, 4, 8, 16)] == [False, True, True, False]
     assert not fast(cuda, GATE_KDA_SAFE, 1, 4, True)  # decode
-    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, False)  # all-modes binary
+    # the all-modes binary: one answer for every window length and tile (one binary for every mode)
+    assert all(fast(cuda, GATE_KDA_SAFE, t, bv, False) for t in (1, 2, 4, 8) for bv in (2, 4, 8, 16))
     assert not fast(cuda, GATE_GDN, 5, 4, True) and not fast(cuda, GATE_KDA, 4, 4, True)
-    assert not fast(torch.device("cpu"), GATE_KDA_SAFE, 4, 4, True)
+    assert not fast(cuda, GATE_GDN, 5, 8, False) and not fast(cuda, GATE_KDA, 4, 8, False)
+    assert not fast(torch.device("cpu"), GATE_KDA_SAFE, 4, 4, True) and not fast(torch.device("cpu"), GATE_KDA_SAFE, 4, 4, False)
     monkeypatch.setattr(torch.version, "hip", "6.4")
-    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True)
+    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True) and not fast(cuda, GATE_KDA_SAFE, 4, 4, False)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True)
+    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True) and not fast(cuda, GATE_KDA_SAFE, 4, 4, False)
 
     # the wrapper hands the rule its gate kind, window length, tile and binary
     seen = []

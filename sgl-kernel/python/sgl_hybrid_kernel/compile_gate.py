@@ -205,6 +205,9 @@ def kernel_configs() -> List[KernelConfig]:
             # the all-modes binary (snapshots / deferred / fused replay / replay_commit), recurrent.pick_deferred_tile
             wide("kda_verify1w_t4_bv4_allmodes", 4, 4, GATE_KDA_SAFE, kda, vk, False),
             wide("kda_verify1w_t4_bv8_allmodes", 4, 8, GATE_KDA_SAFE, kda, vk, False),
+            # what CUDA launches for KDA's all-modes windows since 2026-12-01 (recurrent.use_fast_gate)
+            wide("kda_verify1w_t4_bv4_allmodes_fast", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True),
+            wide("kda_verify1w_t4_bv8_allmodes_fast", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True),
             wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, False),
             wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, False),
             wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),

@@ -68,8 +68,8 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
              f"at 8) and GDN windows of every mode with >= {tuning.lanes_all_modes_per_cu} programs per CU at 16 columns: "
              f"lanes kernel (per-token prologue + 8 key lanes, "
              f"Triton {triton.__version__}, V_FIRST={lanes_v_first()}, programmatic dependent launch={lanes_pdl(q.device)}); "
-             "K-major decode: register-tile kernel; KDA plain verify windows at 4-8 columns on CUDA: gate and beta "
-             "exponentials / reciprocals without fix-ups (recurrent.use_fast_gate)")
+             "K-major decode: register-tile kernel; on CUDA, KDA's all-modes windows and plain verify windows at 4-8 "
+             "columns: gate and beta exponentials / reciprocals without fix-ups (recurrent.use_fast_gate)")
     record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}", log=logger)
     return "triton"
 

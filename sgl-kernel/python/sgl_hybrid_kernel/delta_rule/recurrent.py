@@ -342,15 +342,25 @@ def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile:
     ``_frcp``): the bounded KDA gate's and beta's exponentials and reciprocals as ``ex2.approx.ftz`` /
     ``rcp.approx.ftz`` instead of ``tl.exp`` / ``div.full``, which wrap the same MUFU instructions in
     denormal and range fix-ups (equal results wherever no operand or result is denormal or above
-    ``2^126``). Plain verify windows (``tokens > 1``) at 4- and 8-column tiles, compiled for CUDA only
-    (not ROCm, not the interpreter, which has no inline assembly). There the per-token instructions,
-    which every program of a head repeats, bound the window: the T=4 binary at 8 columns has 2,136 SASS
-    instructions instead of 2,352. H200, 2026-12-01 (``2026-12-01-h200-verify_fastgate*.json``, graph replay, states
-    from HBM, two runs, outputs bit-identical): KDA T=4 B = 4 / 8 4.74-4.79 / 6.57-6.65 us vs
-    4.94-4.95 / 7.19; at 2 columns (B = 1 / 2) +1.5 / -1.5 %, at 16 columns (B = 16 / 32) 0 / +0.8 %,
-    KDA decode +1-2 %, GDN decode +0-3 %: off there. Issue 4."""
-    return (plain and tokens > 1 and gate_kind == GATE_KDA_SAFE and 4 <= value_tile < 16 and device.type == "cuda"
-            and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1")
+    ``2^126``). CUDA only (not ROCm, not the interpreter, which has no inline assembly), bounded KDA gate:
+
+    * the all-modes binary (snapshots, deferred commit, fused replay, :func:`replay_commit`) always, so that
+      every mode of a window still runs one binary (the deferred replay applies the stored decays with the
+      same ``_fexp``). H200, 2026-12-01 (``2026-12-01-h200-snapshots_fastgate_{off,on}.json``, two runs, outputs
+      and snapshots bit-identical; ``..._deferred_exact_fastgate.json``: every deferred / fused-replay
+      check bit-exact): KDA T=4 snapshot windows, what SGLang's ``target_verify`` asks, B = 1 / 2 / 4 / 8 /
+      16 / 32: 4.16 / 4.83-4.89 / 6.11-6.18 / 9.63-9.79 / 18.83-19.06 / 35.52-36.06 us -> 3.99-4.00 /
+      4.57-4.64 / 5.86-5.87 / 9.56-9.65 / 18.83 / 35.45-35.54;
+    * plain windows (``tokens > 1``) at 4- and 8-column tiles, where the per-token instructions, which every
+      program of a head repeats, bound the window (the T=4 binary at 8 columns: 2,136 SASS instructions
+      instead of 2,352). H200 (``2026-12-01-h200-verify_fastgate*.json``, graph replay, states from HBM,
+      two runs, outputs bit-identical): KDA T=4 B = 4 / 8 4.74-4.79 / 6.57-6.65 us vs 4.94-4.95 / 7.19; at 2
+      columns (B = 1 / 2) +1.5 / -1.5 %, at 16 columns (B = 16 / 32) 0 / +0.8 %, KDA decode +1-2 %, GDN
+      decode +0-3 %: off there. Issue 4."""
+    if gate_kind != GATE_KDA_SAFE or device.type != "cuda" or torch.version.hip is not None \
+            or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return (not plain) or (tokens > 1 and 4 <= value_tile < 16)
 
 
 def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes: int) -> bool:

@@ -397,7 +397,7 @@ def gated_delta_recurrent_kernel(
 
 @triton.jit
 def _replay_records(S, rec_base, n_acc, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    GK: tl.constexpr):
+                    GK: tl.constexpr, FAST: tl.constexpr = False):
     """Apply tokens 1 .. n_acc - 1 of a deferred window from their records, one record per
     iteration of a runtime loop (no record tiles held in registers)."""
     RW: tl.constexpr = K + GK + 1 + V
@@ -405,9 +405,9 @@ def _replay_records(S, rec_base, n_acc, i_hv, o_k, o_v, m_k, m_v, HV: tl.constex
         rec = rec_base + (r * HV + i_hv) * RW
         k = tl.load(rec + o_k, mask=m_k, other=0.0)
         if GK == 1:
-            d = tl.exp(tl.load(rec + K))
+            d = _fexp(tl.load(rec + K), FAST)
         else:
-            d = tl.exp(tl.load(rec + K + o_k, mask=m_k, other=0.0))
+            d = _fexp(tl.load(rec + K + o_k, mask=m_k, other=0.0), FAST)
         S, _, _ = _delta_update(S, k, tl.load(rec + K + GK + 1 + o_v, mask=m_v, other=0.0), d, tl.load(rec + K + GK))
     return S
 
@@ -451,7 +451,7 @@ def gated_delta_verify_wide_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
-    FAST: tl.constexpr = False,  # PLAIN, bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
+    FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -517,7 +517,7 @@ def gated_delta_verify_wide_kernel(
     elif REPLAY_PREV:
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
-                            m_k, m_v, HV, K, V, GK)
+                            m_k, m_v, HV, K, V, GK, FAST)
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
-                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM, FAST and PLAIN)
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM, FAST)
