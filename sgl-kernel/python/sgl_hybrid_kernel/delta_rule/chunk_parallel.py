@@ -68,7 +68,9 @@ class ChunkLaunch:
     ``intra_arow_warps``: warps of the stacked ``A`` programs (0: ``intra_a_warps``; the unbounded gate's
     ``chunk_intra_a_kernel`` keeps ``intra_a_warps``: on one warp it spills on sm_90);
     ``fast_exp`` (CUDA): the stacked ``A`` programs exponentiate with ``ex2.approx.ftz`` (no denormal
-    fix-up; never under the interpreter); ``cumsum_fast_exp`` (CUDA, bounded KDA gate): the gate cumsum
+    fix-up, ``triton_recurrent._fexp``; never under the interpreter): their exponents are bounded below by
+    ``-15 |lower_bound|`` except the per-pair vector ``e^{G_r - E_j}``, where a flushed value only drops terms
+    below ``1e-38`` of the sum; ``cumsum_fast_exp`` (CUDA, bounded KDA gate): the gate cumsum
     forms ``lb sigmoid(.)`` with ``ex2.approx.ftz`` and ``rcp.approx.ftz``, the MUFU operations of ``tl.exp``
     and of the FP32 division without their fix-ups (the same ``G`` wherever nothing is denormal or above
     2^126; H200 B=8 T=16K: cumsum 386 -> 339 us, 2026-12-01-h200-prefill_fexp.json);

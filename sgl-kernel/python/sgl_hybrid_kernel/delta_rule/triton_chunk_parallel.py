@@ -662,16 +662,6 @@ def _store_lower(a_ptr, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, o_c, T
 
 
 @triton.jit
-def _exp(x, FAST: tl.constexpr):
-    """``e^x`` in FP32. ``FAST`` (CUDA only, ``ChunkLaunch.fast_exp``): ``ex2.approx.ftz`` of ``x log2 e``,
-    without the denormal fix-up of ``tl.exp`` (results below ``2^-126`` flush to zero; same ``ex2.approx``
-    accuracy otherwise). For the stacked ``A`` build, whose exponents are bounded below by
-    ``-15 |lower_bound|`` except the per-pair vector ``e^{G_r - E_j}``, where a flushed value only
-    drops terms below ``1e-38`` of the sum. (:func:`triton_recurrent._fexp`.)"""
-    return _fexp(x, FAST)
-
-
-@triton.jit
 def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr,
              K: tl.constexpr, KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr):
     """Row block ``i`` over channels ``kd ..`` for :func:`chunk_intra_arow_kernel`: ``X = [k; q]``
@@ -693,7 +683,7 @@ def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.c
     else:
         Gr = tl.load(g_ptr + (tl.minimum(i * BC, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
         G = _tile(g_ptr, tl.minimum(o_t, T - 1), m | ~m, i_hv, HV, K, kd, KD)
-        return X * _exp(G - Gr[None, :], FAST), ss, Gr
+        return X * _fexp(G - Gr[None, :], FAST), ss, Gr
 
 
 @triton.jit
@@ -714,7 +704,7 @@ def _ab_cols(k_ptr, g_ptr, j, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexp
     else:
         E = tl.load(g_ptr + (tl.minimum(j * BC + BC - 1, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
         G = _tile(g_ptr, tl.minimum(o_c, T - 1), o_c >= 0, i_hv, HV, K, kd, KD)
-        return k * _exp(E[None, :] - G, FAST), E, ss
+        return k * _fexp(E[None, :] - G, FAST), E, ss
 
 
 @triton.jit
@@ -744,9 +734,9 @@ def _ab_acc(X, Xh, Xl, kt, Gr, E, GATE: tl.constexpr, APREC: tl.constexpr, FAST:
     if GATE == 2:
         c = tl.trans(kt)
     elif DIRECT:
-        c = tl.trans(kt * _exp(Gr[None, :] - E, FAST))
+        c = tl.trans(kt * _fexp(Gr[None, :] - E, FAST))
     else:
-        c = tl.trans(kt * _exp(Gr - E, FAST)[None, :])
+        c = tl.trans(kt * _fexp(Gr - E, FAST)[None, :])
     if APREC == "tf32x3":
         return _dot3_split(Xh, Xl, c, X)
     else:
@@ -770,9 +760,9 @@ def _ab_acc_splitq(XA, XQ, kh, kl, qx, kt, Gr, E, FAST: tl.constexpr, DIRECT: tl
     """One key block of pair ``(i, j)`` for :func:`_arow_block_splitq`: the columns as in :func:`_ab_acc`
     (KDA), ``XA += (kh + kl) c`` as three TF32 products (:func:`_dot3_split`), ``XQ += qx c`` as one."""
     if DIRECT:
-        c = tl.trans(kt * _exp(Gr[None, :] - E, FAST))
+        c = tl.trans(kt * _fexp(Gr[None, :] - E, FAST))
     else:
-        c = tl.trans(kt * _exp(Gr - E, FAST)[None, :])
+        c = tl.trans(kt * _fexp(Gr - E, FAST)[None, :])
     XQ = tl.dot(qx, c, XQ, input_precision="tf32")
     return _dot3_split(kh, kl, c, XA), XQ
 
@@ -848,7 +838,7 @@ def chunk_intra_arow_kernel(
     KD: tl.constexpr,
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # store the diagonal block as (I + A_ii)^-1 (for chunk_intra_inv_kernel's DIAG_INV)
-    FAST_EXP: tl.constexpr = False,  # CUDA: _exp without the denormal fix-up
+    FAST_EXP: tl.constexpr = False,  # CUDA: _fexp without the denormal fix-up
     ROWSPEC: tl.constexpr = False,  # one code path per row block (ChunkLaunch.intra_a_rowspec)
     DIRECT: tl.constexpr = False,  # column factors e^{G_r - G_s} per pair (ChunkLaunch.intra_a_direct)
     rq_ptr=None,  # out [N, HV] FP32 q's row factor (RQ; None otherwise: no argument compiled)
@@ -950,12 +940,12 @@ def _arow_block_splitq(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv,
         sk += tl.sum(kr * kr, axis=1)
         sq += tl.sum(qr * qr, axis=1)
         Gr = tl.load(g_ptr + (tl.minimum(i * BC, T - 1) * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
-        ef = _exp(_tile(g_ptr, tl.minimum(o_t, T - 1), m_i | ~m_i, i_hv, HV, K, kd, KD) - Gr[None, :], FAST_EXP)
+        ef = _fexp(_tile(g_ptr, tl.minimum(o_t, T - 1), m_i | ~m_i, i_hv, HV, K, kd, KD) - Gr[None, :], FAST_EXP)
         kh, kl = _tf32_split(kr * ef)
         qx = qr * ef
         if QEG:
             tl.store(qeg_ptr + (o_t[:, None] * HV + i_hv) * K + o_d[None, :],
-                     (qx * _exp(Gr, FAST_EXP)[None, :]).to(qeg_ptr.dtype.element_ty), mask=m_i[:, None] & (o_d < K)[None, :])
+                     (qx * _fexp(Gr, FAST_EXP)[None, :]).to(qeg_ptr.dtype.element_ty), mask=m_i[:, None] & (o_d < K)[None, :])
         kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
         c0 += sc
         A0, Q0 = _ab_acc_splitq(A0, Q0, kh, kl, qx, kt, Gr, E, FAST_EXP, DIRECT)
