@@ -127,12 +127,51 @@ def compile_config(cfg: KernelConfig, target: str) -> Report:
         spills = field_("vgpr_spill_count") + field_("sgpr_spill_count") + (1 if field_("private_segment_fixed_size") else 0)
         return Report(cfg.name, target, shared, field_("vgpr_count"), spills, int(occ.group(1)) if occ else None, budget=cfg.lds_budget)
     regs, spills = _nvidia_registers(compiled.asm["ptx"])
-    return Report(cfg.name, target, shared, regs, spills, None, budget=cfg.lds_budget)
+    return Report(cfg.name, target, shared, regs, spills, None, budget=cfg.lds_budget,
+                  error=shuffle_layout_error(compiled.asm["ttgir"]))
 
 
-def blocked_layouts(config_name: str, target: str = "sm90") -> List[tuple]:
-    """``(sizePerThread, threadsPerWarp)`` of every blocked layout in the compiled TTGIR of the
-    config named ``config_name`` (for checks of how Triton laid a tile out, e.g. the lanes kernel's)."""
+def _lane_dim0_layout(defs: Dict[str, str], layout: str) -> bool:
+    """Whether a TTGIR layout (an alias of ``defs`` or an inline ``#ttg.slice``) puts exactly the warp's 32 lanes
+    on dim 0, lane ``l`` holding index ``l`` there, one warp, and nothing else of dim 0 in registers."""
+    m = re.fullmatch(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}>", layout)
+    if m:
+        dim, parent = int(m.group(1)), defs.get(m.group(2), "")
+        b = re.search(r"sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]", parent)
+        if dim == 0 or not b:
+            return False
+        spt, tpw, wpc = ([int(x) for x in g.split(",")] for g in b.groups())
+        return spt[0] == 1 and tpw[0] == 32 and all(w == 1 for w in wpc)
+    text = defs.get(layout, "")
+    b = re.search(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]", text)
+    if b:
+        spt, tpw, wpc = ([int(x) for x in g.split(",")] for g in b.groups())
+        return spt[0] == 1 and tpw[0] == 32 and all(w == 1 for w in wpc)
+    li = re.search(r"#ttg\.linear<\{register = \[(.*?)\], lane = \[(.*?)\], warp = \[(.*?)\]", text)
+    if li:
+        vec = lambda g: [[int(x) for x in v.split(",")] for v in re.findall(r"\[([-\d, ]+)\]", g)]  # noqa: E731
+        reg, lane, warp = (vec(g) for g in li.groups())
+        return ([v[0] for v in lane] == [1, 2, 4, 8, 16] and all(not any(v[1:]) for v in lane)
+                and all(v[0] == 0 for v in reg) and all(not any(v) for v in warp))
+    return False
+
+
+def shuffle_layout_error(ttgir: str) -> Optional[str]:
+    """``None``, or why a kernel's inline-PTX warp shuffles (``triton_recurrent._lane_xor`` / ``_lane_pick``, issue 4)
+    cannot be trusted: their ``[32, n]`` operands must have dim 0 on the 32 lanes, lane ``l`` at index ``l`` (the
+    lane arithmetic of ``_xred_pair`` assumes it; Triton chooses the layouts)."""
+    defs = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, flags=re.M))
+    for line in ttgir.splitlines():
+        if "elementwise_inline_asm" in line and "shfl.sync" in line:
+            m = re.search(r"-> tensor<32x\d+xi32, (#ttg\.slice<\{[^}]*\}>|#\w+)>", line)
+            if not m or not _lane_dim0_layout(defs, m.group(1)):
+                return "warp shuffle on a tile without dim 0 on the lanes: " + (m.group(1) if m else line.strip()[:160])
+    return None
+
+
+def compiled_asm(config_name: str, target: str = "sm90") -> Dict[str, str]:
+    """The compiled kernel's ``asm`` dict (``ttgir``, ``ptx`` / ``amdgcn``, ...) of the config named
+    ``config_name`` (for tests of what Triton made of a kernel)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -142,7 +181,14 @@ def blocked_layouts(config_name: str, target: str = "sm90") -> List[tuple]:
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in cfg.divisible} or None
     compiled = triton.compile(ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
                               target=GPUTarget(*TARGETS[target]), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-    found = re.findall(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\]", compiled.asm["ttgir"])
+    return {k: v for k, v in compiled.asm.items() if isinstance(v, str)}
+
+
+def blocked_layouts(config_name: str, target: str = "sm90") -> List[tuple]:
+    """``(sizePerThread, threadsPerWarp)`` of every blocked layout in the compiled TTGIR of the
+    config named ``config_name`` (for checks of how Triton laid a tile out, e.g. the lanes kernel's)."""
+    found = re.findall(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\]",
+                       compiled_asm(config_name, target)["ttgir"])
     return [(tuple(int(x) for x in spt.split(",")), tuple(int(x) for x in tpw.split(","))) for spt, tpw in found]
 
 
@@ -174,13 +220,14 @@ def kernel_configs() -> List[KernelConfig]:
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
                             num_warps=max(1, bv // 16), divisible=lay["divisible"])
 
-    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False):  # V-major decode and every verify window (recurrent.use_wide_verify)
+    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
         return KernelConfig(name, gated_delta_verify_wide_kernel,
-                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, **shape, **lay["constexprs"],
-                                 **tile),
+                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, **shape,
+                                 **lay["constexprs"], **tile),
                             num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile),
-                            targets=("sm90",) if fast else tuple(TARGETS))  # FAST: CUDA only (recurrent.use_fast_gate)
+                            # FAST, XRED: CUDA only (recurrent.use_fast_gate, recurrent.use_xred)
+                            targets=("sm90",) if (fast or xred) else tuple(TARGETS))
 
     out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
             rec("kda_verify_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk), rec("gdn_decode_bv16", 1, 16, GATE_GDN, gdn, vk),
@@ -211,7 +258,18 @@ def kernel_configs() -> List[KernelConfig]:
             wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, False),
             wide("gdn_verify1w_t5_bv4_allmodes", 5, 4, GATE_GDN, gdn, vk, False),
             wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),
-            wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False)]
+            wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False),
+            # what CUDA launches below 16 columns on the V-major pool since 2026-12-02: the key sums as one
+            # reduce-scatter (recurrent.use_xred; KDA plain verify at 4 columns from B=1, GDN plain at B=1)
+            wide("kda_decode1w_bv4_xred", 1, 4, GATE_KDA_SAFE, kda, vk, xred=1),
+            wide("gdn_decode1w_bv4_xred", 1, 4, GATE_GDN, gdn, vk, xred=1),
+            wide("kda_verify1w_t4_bv4_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, fast=True, xred=1),
+            wide("kda_verify1w_t4_bv8_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, fast=True, xred=1),
+            wide("gdn_verify1w_t5_bv4_xred", 5, 4, GATE_GDN, gdn, vk, xred=1),
+            wide("kda_verify1w_t4_bv4_allmodes_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
+            wide("kda_verify1w_t4_bv8_allmodes_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
+            wide("gdn_verify1w_t5_bv4_allmodes_xred", 5, 4, GATE_GDN, gdn, vk, False, xred=1),
+            wide("gdn_verify1w_t5_bv8_allmodes_xred", 5, 8, GATE_GDN, gdn, vk, False, xred=1)]
     # lanes kernel (triton_lanes.py; recurrent.pick_lanes_tile: 16 columns, 8 key lanes) and its per-token
     # prologue; V_FIRST as the installed Triton needs it (triton_lanes.lanes_v_first)
     from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,

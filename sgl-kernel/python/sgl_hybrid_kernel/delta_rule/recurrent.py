@@ -38,7 +38,8 @@ class ValueTileTuning:
     take the lanes kernel (:func:`pick_lanes_tile`) once its grid has at least this many programs
     per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``; GDN's plain verify windows
     below ``lanes_per_cu`` take it at 8 columns from ``lanes_narrow_per_cu`` programs per compute unit at
-    8 columns. ``tuned`` is False
+    8 columns, or from ``lanes_narrow_xred_per_cu`` where the one-warp kernel runs ``XRED`` (:func:`use_xred`).
+    ``tuned`` is False
     for the default built for a device no sweep has measured.
     """
 
@@ -52,6 +53,7 @@ class ValueTileTuning:
     lanes_per_cu: int = 8
     lanes_all_modes_per_cu: int = 64
     lanes_narrow_per_cu: int = 4
+    lanes_narrow_xred_per_cu: int = 8
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
@@ -163,6 +165,7 @@ def gated_delta_recurrent_triton(
     dot_precision: Optional[str] = None,
     key_lanes: Optional[int] = None,
     num_stages: Optional[int] = None,
+    xred: Optional[int] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -204,6 +207,9 @@ def gated_delta_recurrent_triton(
             when ``value_tile`` is not given, else the one-warp kernel.
         num_stages: lanes kernel: software-pipelining stages of its runtime replay loop (default 1, as
             the compile gate compiles it; 1, 2 and 3 ran at the same speed on the H200, 2026-11-30).
+        xred: one-warp verify kernel: each token's key-axis sums as one reduce-scatter across the warp
+            (``triton_recurrent._xred_pair``; 1: CUDA shuffles, 2: the same exchanges as gathers, for tests;
+            0: Triton's per-column butterflies). ``None``: :func:`use_xred`. V-major pool only.
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -293,10 +299,13 @@ def gated_delta_recurrent_triton(
             raise ValueError(f"inter_state: the verify kernel needs the state pool's per-slot strides "
                              f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
         plain = not (save or deferred or fused_replay)
+        # whether the one-warp kernel's narrow tiles would run XRED (the tile rules below depend on it)
+        xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, T, plain, num_warps or 1) if xred is None
+                     else bool(xred))
         lanes = None
         if state_layout == "vk":
             if key_lanes is None and value_tile is None and state.stride(3) == 1 and state.dtype == torch.float32:
-                lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain)
+                lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain, xr_narrow)
             elif key_lanes:
                 lanes = (value_tile or 16, int(key_lanes))
         if lanes is not None:
@@ -306,9 +315,14 @@ def gated_delta_recurrent_triton(
                           K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
                           flags, T, kind, l2norm, plain, *lanes, num_stages=num_stages or 1)
             return o
-        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN) if plain
+        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN, xr_narrow) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain))
+        xr = use_xred(q.device, state_layout, state.stride(3), K, BV, T, plain, num_warps or 1) if xred is None else int(xred)
+        if xr and not xred_shape_ok(state_layout, state.stride(3), K, BV, num_warps or 1):
+            raise ValueError(f"xred={xr}: the one-warp kernel on a V-major pool with key stride 1, K a multiple of 32 "
+                             f"and at most 16 columns (state_layout={state_layout!r}, K={K}, value_tile={BV})")
+        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
+                                                             XRED=xr)
         warps = num_warps or 1
     else:
         kernel = gated_delta_recurrent_kernel
@@ -363,6 +377,34 @@ def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile:
     return (not plain) or (tokens > 1 and 4 <= value_tile < 16)
 
 
+def xred_shape_ok(state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, num_warps: int) -> bool:
+    """Whether the one-warp kernel's ``XRED`` serves this launch: a V-major pool with key stride 1 (the state
+    tile then has the 32 lanes on the keys, ``K / 32`` consecutive keys per thread), ``K`` a multiple of 32,
+    at most 16 columns, one warp."""
+    return state_layout == "vk" and key_stride == 1 and head_k_dim % 32 == 0 and value_tile <= 16 and num_warps == 1
+
+
+def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, tokens: int,
+             plain: bool, num_warps: int = 1) -> int:
+    """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
+    as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies): 1 (CUDA shuffles)
+    below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), inside
+    :func:`xred_shape_ok`. Decode, plain verify and every all-modes window alike (the results are the same bits
+    either way, so a window and its replays need not agree on it).
+
+    H200, 2026-12-02 (``2026-12-02-h200-verify_xred_*.json``, graph replay, states from HBM, ``8f58609``'s package in
+    the same process, outputs and states bit-identical, every deferred / fused-replay check bit-exact), µs:
+    KDA decode B = 1 / 2 / 4 (4 columns) 2.55 / 2.93 / 3.69 -> 2.43 / 2.82 / 3.61; KDA T=4 plain verify B = 4 / 8
+    4.79 / 6.71 -> 4.32 / 5.98, B = 1 / 2 (4 columns, :func:`pick_wide_tile`) 3.31 / 3.94 -> 3.06 / 3.53; KDA T=4
+    snapshot windows B = 1 / 2 / 8 4.02 / 4.61 / 9.50 -> 3.84 / 4.40 / 9.28 (B = 4 / 16 +2 %); GDN decode within 1 %;
+    GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off.
+    Issue 4."""
+    if device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1" \
+            or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps):
+        return 0
+    return int(value_tile < 16)
+
+
 def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes: int) -> bool:
     """Whether the lanes kernel serves this shape: power-of-two ``K`` split in key blocks of
     ``4 * key_lanes``, ``V`` a multiple of the power-of-two ``value_tile``."""
@@ -373,7 +415,7 @@ def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes:
 
 def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: int, tokens: int,
                     per_channel_decay: bool, tuning: Optional[ValueTileTuning] = None,
-                    plain: bool = True) -> Optional[Tuple[int, int]]:
+                    plain: bool = True, xred: bool = False) -> Optional[Tuple[int, int]]:
     """``(value_tile, key_lanes)`` of the lanes kernel (``triton_lanes.py``) for a step on the
     V-major pool, or ``None`` for the one-warp kernel. Shapes outside the lanes kernel's contract
     (:func:`lanes_shape_ok`) always take that ordinary path.
@@ -397,6 +439,11 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
       kernel and tile (bit-exact replay). KDA's all-modes windows stay on the one-warp kernel (not timed
       on the lanes kernel).
 
+    ``xred``: the one-warp kernel would run ``XRED`` (:func:`use_xred`); GDN's narrow lanes tile then needs
+    ``tuning.lanes_narrow_xred_per_cu`` (8) programs per compute unit at 8 columns (48 value heads: B >= 2). H200,
+    2026-12-02 (``2026-12-02-h200-verify_xred_tiles.json``), GDN T=5 B=1: lanes 8 x 8 5.41 us, one-warp ``XRED``
+    at 4 columns 4.75; B=2: 6.68-6.90 vs 6.69 at 8 columns (kept on the lanes kernel).
+
     Decode (``tokens == 1`` plain) stays on the one-warp kernel: the lanes kernel was 10-60 % slower
     there at every batch (decode is at the state read + write floor already).
 
@@ -418,8 +465,9 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     per_cu = tuning.lanes_per_cu if plain else tuning.lanes_all_modes_per_cu
     if batch * num_v_heads * triton.cdiv(head_v_dim, bv) >= per_cu * tuning.num_compute_units:
         return bv, kl
+    narrow_per_cu = tuning.lanes_narrow_xred_per_cu if xred else tuning.lanes_narrow_per_cu
     if (plain and not per_channel_decay and lanes_shape_ok(head_k_dim, head_v_dim, 8, kl)
-            and batch * num_v_heads * triton.cdiv(head_v_dim, 8) >= tuning.lanes_narrow_per_cu * tuning.num_compute_units):
+            and batch * num_v_heads * triton.cdiv(head_v_dim, 8) >= narrow_per_cu * tuning.num_compute_units):
         return 8, kl
     return None
 
@@ -509,7 +557,8 @@ def use_wide_verify(batch: int, tokens: int, state_layout: str = "vk") -> bool:
 
 
 def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
-                   tuning: Optional[ValueTileTuning] = None, tokens: int = 1, per_channel_decay: bool = False) -> int:
+                   tuning: Optional[ValueTileTuning] = None, tokens: int = 1, per_channel_decay: bool = False,
+                   xred: bool = False) -> int:
     """Value columns per one-warp program of the verify kernel's ``PLAIN`` binary (V-major pool:
     SGLang's; K-major: fla's).
 
@@ -529,7 +578,10 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
       waves; GDN T=5 B = 1 / 2: 5.71 / 8.05 vs 7.86 / 8.70. With a per-channel gate (KDA) the halving
       goes on to 2 columns: H200, 2026-12-01 (``2026-12-01-h200-verify_bv2*.json``, four runs), KDA T=4
       B = 1 / 2: 3.27-3.30 / 3.89-3.94 us vs 3.42-3.43 / 3.97-4.01 at 4 columns (B=4, which stops at 4:
-      5.80 vs 4.86; 1 column: 3.53 at B=1; GDN at 2 columns was slower at every batch).
+      5.80 vs 4.86; 1 column: 3.53 at B=1; GDN at 2 columns was slower at every batch). ``xred`` (the kernel
+      runs ``XRED``, :func:`use_xred`): the halving stops at 4 columns for KDA too. H200, 2026-12-02
+      (``2026-12-02-h200-verify_xred_tiles.json``), KDA T=4 with ``XRED``, B = 1 / 2: 3.06 / 3.53 us at 4 columns
+      vs 3.17 / 3.77 at 2.
     * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least (a row
       is then one 32-byte sector); not re-measured. H200: B=1 -> 8, B >= 32 -> 16."""
     tuning = tuning or INTERPRETER_TUNING
@@ -538,7 +590,7 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
         if not per_channel_decay or narrow <= tuning.narrow_decode_per_cu * tuning.num_compute_units:
             return 4
     waves = tuning.verify_waves if (tokens > 1 and state_layout == "vk") else tuning.waves
-    floor = 8 if state_layout == "kv" else (2 if tokens > 1 and per_channel_decay else 4)
+    floor = 8 if state_layout == "kv" else (2 if tokens > 1 and per_channel_decay and not xred else 4)
     bv = 16
     while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < waves * tuning.num_compute_units:
         bv //= 2

@@ -81,6 +81,118 @@ def _frcp(x, FAST: tl.constexpr):
 
 
 @triton.jit
+def _lane_xor(x, lane, m: tl.constexpr, XRED: tl.constexpr):
+    """``x`` as held by lane ``lane ^ m`` of the warp, element by element, for a ``[32, n]`` FP32 tile whose
+    dim 0 is the warp's lanes (what :func:`_xred_pair` builds from the state tile's layout;
+    ``test_xred_tiles_keep_the_lanes_on_dim_0`` compiles the kernel and checks it). ``XRED == 1`` (CUDA):
+    ``shfl.sync.bfly``; ``2``: the same exchange as a gather along dim 0 (the interpreter, and any target,
+    much slower: reference for the tests)."""
+    if XRED == 1:
+        xi = x.to(tl.int32, bitcast=True)
+        if m == 16:
+            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 16, 31, -1;", "=r,r", [xi], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        elif m == 8:
+            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 8, 31, -1;", "=r,r", [xi], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        elif m == 4:
+            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 4, 31, -1;", "=r,r", [xi], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        elif m == 2:
+            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 31, -1;", "=r,r", [xi], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        else:
+            tl.static_assert(m == 1, "lane masks 16, 8, 4, 2, 1")
+            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 31, -1;", "=r,r", [xi], dtype=tl.int32,
+                                          is_pure=True, pack=1)
+        return y.to(tl.float32, bitcast=True)
+    else:
+        return tl.gather(x, tl.broadcast_to(lane ^ m, x.shape), 0)
+
+
+@triton.jit
+def _lane_pick(x, src, XRED: tl.constexpr):
+    """Element ``[l, j]`` = ``x[src[j], j]`` for a ``[32, n]`` FP32 tile with dim 0 on the lanes and ``src`` a
+    ``[1, n]`` int32 lane per column (``shfl.sync.idx`` under ``XRED == 1``, else a gather)."""
+    srcb = tl.broadcast_to(src, x.shape)
+    if XRED == 1:
+        y = tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 31, -1;", "=r,r,r",
+                                      [x.to(tl.int32, bitcast=True), srcb], dtype=tl.int32, is_pure=True, pack=1)
+        return y.to(tl.float32, bitcast=True)
+    else:
+        return tl.gather(x, srcb, 0)
+
+
+@triton.jit
+def _xred_level(Z, lane, n: tl.constexpr, m: tl.constexpr, XRED: tl.constexpr):
+    """One butterfly level (lane mask ``m``) of :func:`_xred_pair` on ``Z`` ``[32, n]``: with ``n > 1`` a
+    reduce-scatter step (lanes with bit ``m`` clear keep the even columns and receive their partner's,
+    the others the odd ones: ``[32, n / 2]``), else the plain all-reduce step."""
+    if n > 1:
+        ev, od = tl.split(tl.reshape(Z, [32, n // 2, 2]))
+        up = (lane & m) != 0
+        return tl.where(up, od, ev) + _lane_xor(tl.where(up, ev, od), lane, m, XRED)
+    else:
+        return Z + _lane_xor(Z, lane, m, XRED)
+
+
+@triton.jit
+def _xred_col(lane, BV: tl.constexpr):
+    """The value column (``[32, 1]`` int32, ``0 .. BV - 1``) whose sums :func:`_xred_pair` leaves in each lane:
+    bit ``i`` of the column is the lane's bit ``8 >> i`` (the reduce-scatter levels 8, 4, 2, 1)."""
+    c = lane * 0
+    if BV > 1:
+        c += (lane >> 3) & 1
+    if BV > 2:
+        c += ((lane >> 2) & 1) << 1
+    if BV > 4:
+        c += ((lane >> 1) & 1) << 2
+    if BV > 8:
+        c += (lane & 1) << 3
+    return c
+
+
+@triton.jit
+def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr):
+    """Key-axis sums of two ``[BK, BV]`` tiles in the state's layout (32 lanes on the keys, ``BK / 32``
+    consecutive keys per thread, every column in each thread) as one reduce-scatter instead of ``2 BV``
+    all-reduce butterflies: the in-thread partial sums, then lane mask 16 splits ``X`` from ``Y`` and masks
+    8, 4, 2, 1 halve the columns while ``BV`` allows (plain all-reduce steps after that). The same
+    additions in the same order as ``tl.sum`` over axis 0 (Triton's warp reduction: own value plus the
+    lane-mask-16, 8, 4, 2, 1 partner's), so bit-identical. Shuffles per token at 8 columns: 16 + 2 instead
+    of 80 (``2 BV x 5``). Returns ``(x, y)`` ``[32, 1]``: the sums of column :func:`_xred_col` in every lane.
+    Issue 4 (sixteenth round, docs/kernels.md)."""
+    R: tl.constexpr = BK // 32
+    tl.static_assert(BK % 32 == 0 and BV <= 16, "XRED: BK a multiple of 32, at most 16 columns")
+    Px = tl.sum(tl.reshape(X, [32, R, BV]), axis=1)
+    Py = tl.sum(tl.reshape(Y, [32, R, BV]), axis=1)
+    up = (lane & 16) != 0
+    Z = tl.where(up, Py, Px) + _lane_xor(tl.where(up, Px, Py), lane, 16, XRED)
+    N8: tl.constexpr = BV
+    N4: tl.constexpr = BV // 2 if BV > 1 else 1
+    N2: tl.constexpr = BV // 4 if BV > 3 else 1
+    N1: tl.constexpr = BV // 8 if BV > 7 else 1
+    Z = _xred_level(Z, lane, N8, 8, XRED)
+    Z = _xred_level(Z, lane, N4, 4, XRED)
+    Z = _xred_level(Z, lane, N2, 2, XRED)
+    Z = _xred_level(Z, lane, N1, 1, XRED)
+    W = _lane_xor(Z, lane, 16, XRED)
+    return tl.where(up, W, Z), tl.where(up, Z, W)
+
+
+@triton.jit
+def _xred_bcast(e, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr):
+    """``[BK, BV]`` tile whose column ``j`` is column ``j``'s value of ``e`` (``[32, 1]``, laid out as
+    :func:`_xred_pair` returns), in the state tile's layout: one ``shfl.sync.idx`` per column from a lane
+    holding it (bits of ``j`` on lane bits 8, 4, 2, 1)."""
+    R: tl.constexpr = BK // 32
+    j = tl.arange(0, BV)[None, :]
+    src = ((j & 1) << 3) | (((j >> 1) & 1) << 2) | (((j >> 2) & 1) << 1) | ((j >> 3) & 1)
+    E = _lane_pick(tl.broadcast_to(e, [32, BV]), src, XRED)
+    return tl.reshape(tl.broadcast_to(tl.expand_dims(E, 1), [32, R, BV]), [BK, BV])
+
+
+@triton.jit
 def _delta_update(S, k, v, decay, beta):
     """One token of the delta rule on a ``[BK, BV]`` state slice; ``decay`` is
     ``[BK]`` (per channel) or a scalar. Returns the new state, the decayed state ``S'``
@@ -173,7 +285,8 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
                       i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off_i, SAVE_INTER, DEFERRED, COMMIT,
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr,
-                      FAST: tl.constexpr = False):
+                      FAST: tl.constexpr = False, XRED: tl.constexpr = 0, lane=None, m_vs=None,
+                      BK: tl.constexpr = 0, BV: tl.constexpr = 0):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
     token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
@@ -181,7 +294,13 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
     (``o_t = q.S' + beta (q.k) err``); the deferred path's records are written per token.
     ``off_i``: the ``[BK, BV]`` element offsets of this tile inside a snapshot slot. ``q, k, v, f, b``:
     token 0's raw inputs (:func:`_token_inputs`), loaded by the calling kernel (a verify window's right
-    after the slot index, ahead of the padding-row branch that waits for it)."""
+    after the slot index, ahead of the padding-row branch that waits for it).
+
+    ``XRED`` (1: CUDA shuffles, 2: gathers; :func:`_xred_pair`): the two key-axis sums of a token as one
+    reduce-scatter, so each lane ends with one column's ``k.S'`` and ``q.S'``; ``o_v`` / ``m_v`` are then
+    ``[32, 1]`` (that column, its bound), ``v`` is loaded in that form, ``err`` goes back to every column
+    by :func:`_xred_bcast`, and ``m_vs`` (one lane per column) masks the stores of ``o`` and of the
+    deferred records' ``v``. Same FP32 operations in the same order as ``XRED == 0``."""
     GK: tl.constexpr = 1 if GATE == 2 else K
     RW: tl.constexpr = K + GK + 1 + V
     for t in tl.static_range(T):
@@ -209,9 +328,20 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
                 g = -A * _softplus(f + dtb)
             d = tl.exp(g)
         qk = tl.sum(q * k, axis=0)
-        S, Sd, err = _delta_update(S, k, v, d, b)
-        o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
-        tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
+        if XRED:
+            if GATE == 2:
+                Sd = S * d
+            else:
+                Sd = S * d[:, None]
+            ks, qs = _xred_pair(Sd * k[:, None], Sd * q[:, None], lane, BK, BV, XRED)
+            err = v - ks
+            S = Sd + (b * k)[:, None] * _xred_bcast(err, lane, BK, BV, XRED)
+            o = qs + (b * qk) * err
+            tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_vs)
+        else:
+            S, Sd, err = _delta_update(S, k, v, d, b)
+            o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
+            tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
         if SAVE_INTER:
             islot = tl.load(inter_idx_ptr + n).to(tl.int64)
             if islot >= 0:
@@ -230,7 +360,10 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
                     else:
                         tl.store(rec + K + o_k, g, mask=m_k)
                     tl.store(rec + K + GK, b)
-                tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
+                if XRED:
+                    tl.store(rec + K + GK + 1 + o_v, v, mask=m_vs)
+                else:
+                    tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
         if t + 1 < T:
             q, k, v, f, b = qn, kn, vn, fn, bn
     if COMMIT:
@@ -452,6 +585,7 @@ def gated_delta_verify_wide_kernel(
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
     FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
+    XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.use_xred)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -468,7 +602,10 @@ def gated_delta_verify_wide_kernel(
     windows (``flags`` then only says whether to commit): straight-line code whose next-token
     loads the compiler hoists, 1.3-1.6x faster on the H200 than the all-modes binary. A plain
     window's outputs then equal the all-modes binary's to FP32 rounding, not bit for bit; nothing
-    replays a plain window."""
+    replays a plain window.
+
+    ``XRED`` (V-major pool, ``s_k == 1``, one warp): each token's two key-axis sums as one
+    reduce-scatter across the warp (:func:`_xred_pair`), bit-identical to ``tl.sum``'s butterflies."""
     COMMIT = (flags & 1) != 0  # FLAG_COMMIT
     SAVE_INTER = (flags & 2) != 0  # FLAG_SAVE_INTER
     DEFERRED = (flags & 4) != 0  # FLAG_DEFERRED
@@ -484,6 +621,19 @@ def gated_delta_verify_wide_kernel(
     m_k = o_k < K
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
+    if XRED:
+        # V-major pool, one warp: the state tile's layout then puts the 32 lanes on the keys, BK / 32
+        # consecutive keys per thread, which _xred_pair's lane arithmetic assumes
+        tl.static_assert(s_k == 1, "XRED: key stride 1 (V-major pool)")
+        lane = tl.arange(0, 32)[:, None]
+        o_vt = i_v * BV + _xred_col(lane, BV)  # [32, 1]: each lane's column
+        m_vt = o_vt < V
+        m_vs = m_vt & ((lane & (16 | (16 // BV - 1))) == 0)  # one lane per column
+    else:
+        lane = None
+        o_vt = o_v
+        m_vt = m_v
+        m_vs = m_v
 
     # The slot index first (the state load waits on it). A verify window then issues token 0's raw inputs
     # and the head's gate parameters before the padding-row branch waits for the index, so its per-token
@@ -492,8 +642,8 @@ def gated_delta_verify_wide_kernel(
     # decode B = 1..32 1-3 % slower with the early issue; GDN unchanged either way).
     slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
     if T > 1:
-        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
-                                           m_v, GATE)
+        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_vt, m_k,
+                                           m_vt, GATE)
         A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
     if slot < 0:
         for t in range(T):
@@ -508,8 +658,8 @@ def gated_delta_verify_wide_kernel(
     p_s = state_ptr + slot * s_slot + off
     S = tl.load(p_s, mask=m_kv, other=0.0, eviction_policy=STATE_LOAD_EVICTION).to(tl.float32)
     if T == 1:
-        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_v, m_k,
-                                           m_v, GATE)
+        q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_vt, m_k,
+                                           m_vt, GATE)
         A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
     if PLAIN:
         SAVE_INTER = False
@@ -520,4 +670,5 @@ def gated_delta_verify_wide_kernel(
                             m_k, m_v, HV, K, V, GK, FAST)
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
-                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_v, m_k, m_v, m_kv, GATE, L2NORM, FAST)
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
+                      BV)

@@ -1,0 +1,219 @@
+"""The one-warp decode / verify kernel's key sums as one reduce-scatter across the warp (``XRED``,
+``triton_recurrent._xred_pair``; issue 4, docs/kernels.md sixteenth round).
+
+Under the Triton interpreter the warp shuffles run as gathers along the lane axis (``xred=2``): same lane
+bookkeeping as the CUDA path, checked here against fla-core's naive recurrences and against the ordinary
+butterflies (``xred=0``), with NaN in every buffer a kernel must not read or write. The CUDA path's layout
+premise (dim 0 of every shuffled tile on the 32 lanes) is checked on the compiled kernel; its bit-identity
+to ``tl.sum`` was measured on the H200 (``benchmark/results/2026-12-02-h200-*xred*.json``).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+from fla.ops.kda.gate import naive_kda_lowerbound_gate
+from fla.ops.kda.naive import naive_recurrent_kda
+
+from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.gdn import gdn_gate
+from sgl_hybrid_kernel.norm import l2_norm
+
+NAN = float("nan")
+LB = -5.0
+
+
+def _window(gen, B, T, H, HV, K, V, gate):
+    N = B * T
+    q, k = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen)
+    v = torch.randn(N, HV, V, generator=gen)
+    f = torch.randn(N, HV, generator=gen) if gate == "gdn" else torch.randn(N, HV, K, generator=gen)
+    b = torch.randn(N, HV, generator=gen)
+    A = torch.rand(HV, generator=gen)
+    dtb = torch.randn(HV if gate == "gdn" else HV * K, generator=gen)
+    return q, k, v, f, b, A, dtb
+
+
+def _naive(gate, q, k, v, f, b, A, dtb, S0_kv, G):
+    """fla's naive recurrence of one request's window (state ``[HV, K, V]``)."""
+    qq, kk = l2_norm(q).repeat_interleave(G, 1), l2_norm(k).repeat_interleave(G, 1)
+    if gate == "kda":
+        return naive_recurrent_kda(qq[None], kk[None], v[None], naive_kda_lowerbound_gate(f, A, dtb, lower_bound=LB)[None],
+                                   torch.sigmoid(b)[None], initial_state=S0_kv[None], output_final_state=True)
+    return naive_recurrent_gated_delta_rule(qq[None], kk[None], v[None], torch.sigmoid(b)[None], gdn_gate(f, A, dtb)[None],
+                                            initial_state=S0_kv[None], output_final_state=True)
+
+
+@pytest.mark.parametrize("gate,T,BV,V", [("kda", 1, 4, 16), ("kda", 3, 8, 16), ("kda", 2, 16, 24), ("gdn", 3, 4, 16),
+                                         ("gdn", 2, 2, 16), ("kda", 2, 1, 8), ("gdn", 1, 8, 24)])
+def test_reduce_scatter_matches_fla_naive_and_the_butterflies(gate, T, BV, V):
+    """Decode and plain verify windows with ``xred=2``: outputs and committed states equal fla's naive
+    recurrence and the ``xred=0`` kernel; a padding row gives zeros, NaN pool slots nobody names stay NaN,
+    and with ``V`` not a multiple of the tile (24 at 16 columns) the masked lanes write nothing."""
+    gen = torch.Generator().manual_seed(21)
+    B, H, K = 3, 2, 32
+    HV = 4 if gate == "gdn" else H
+    w = _window(gen, B, T, H, HV, K, V, gate)
+    pool = torch.randn(6, HV, V, K, generator=gen)
+    pool[2] = NAN
+    idx = torch.tensor([5, -1, 0])
+    lb = LB if gate == "kda" else None
+    outs, pools = [], []
+    for xred in (2, 0):
+        p = pool.clone()
+        o = torch.full_like(w[2], NAN)
+        gated_delta_recurrent_triton(*w, p, idx, T, gate, lb, state_layout="vk", commit=True, wide=True, value_tile=BV,
+                                     xred=xred, out=o)
+        outs.append(o)
+        pools.append(p)
+    o, p = outs[0], pools[0]
+    assert (o[T:2 * T] == 0).all() and not o.isnan().any()
+    assert p[2].isnan().all() and torch.equal(p[[1, 3, 4]], pool[[1, 3, 4]])
+    torch.testing.assert_close(o, outs[1], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(p, pools[1], rtol=1e-6, atol=1e-6, equal_nan=True)
+    for i, s in enumerate(idx.tolist()):
+        if s < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        ro, rS = _naive(gate, w[0][sl], w[1][sl], w[2][sl], w[3][sl], w[4][sl], w[5], w[6], pool[s].transpose(-1, -2), HV // H)
+        torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(p[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gate,BV", [("kda", 4), ("gdn", 8)])
+def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
+    """The all-modes binary with ``xred=2``: snapshots (NaN-prefilled pool; the unnamed slot stays NaN), the
+    deferred window (token 0's state committed, records of tokens 1..T-1, whose ``v`` the kernel stores from
+    one lane per column) and the next window's fused replay agree with the same modes at ``xred=0``, and the
+    fused replay of each accepted prefix equals a plain window started from that prefix's snapshot."""
+    gen = torch.Generator().manual_seed(22)
+    B, T, H, K, V = 3, 3, 1, 32, 16
+    HV = 2
+    w1, w2 = _window(gen, B, T, H, HV, K, V, gate), _window(gen, B, T, H, HV, K, V, gate)[:5]
+    A, dtb = w1[5], w1[6]
+    pool = torch.randn(B + 1, HV, V, K, generator=gen)
+    idx, acc = torch.tensor([3, 0, 2]), torch.tensor([2, 3, 1])
+    N, gk = B * T, (1 if gate == "gdn" else K)
+    lb = LB if gate == "kda" else None
+    res = {}
+    for xred in (2, 0):
+        inter = torch.full((N + 1, HV, V, K), NAN)
+        o_s = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx, T, gate, lb, state_layout="vk", commit=False,
+                                           inter_state=inter, inter_indices=torch.arange(N), value_tile=BV, xred=xred)
+        p = pool.clone()
+        rb1, rb2 = (torch.full((B + 1, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
+        o_d = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb1,
+                                           value_tile=BV, xred=xred)
+        o_f = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb2,
+                                           replay_prev=rb1, accept_prev=acc, value_tile=BV, xred=xred)
+        res[xred] = (o_s, inter, o_d, rb1, o_f)
+        assert inter[N].isnan().all() and not inter[:N].isnan().any()
+        assert rb1[1].isnan().all() and not rb1[idx].isnan().any()  # slot 1 is nobody's
+        torch.testing.assert_close(o_d, o_s, rtol=1e-6, atol=1e-6)
+        p_ref = pool.clone()
+        for i, a in enumerate(acc.tolist()):
+            p_ref[idx[i]] = inter[i * T + a - 1]
+        o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout="vk", commit=False,
+                                             value_tile=BV, xred=xred)
+        torch.testing.assert_close(o_f, o_ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(res[2], res[0]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch):
+    """``recurrent.use_xred``: on CUDA for one-warp tiles under 16 columns of a V-major pool with key stride 1
+    and ``K`` a multiple of 32 (decode, plain and all-modes windows alike), never on ROCm, the interpreter,
+    a K-major pool or 16 columns. Where it applies, KDA's plain verify windows stop halving at 4 columns
+    (H200: 4 columns faster than 2 with it) and GDN's plain windows at B=1 leave the lanes kernel for it.
+    An explicit ``xred`` outside the kernel's contract is a ``ValueError`` naming it."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    use = rec.use_xred
+    assert [use(cuda, "vk", 1, 128, bv, 4, True) for bv in (1, 2, 4, 8, 16)] == [1, 1, 1, 1, 0]
+    assert use(cuda, "vk", 1, 128, 4, 1, True) == 1 and use(cuda, "vk", 1, 128, 8, 5, False) == 1
+    assert use(cuda, "kv", 1, 128, 4, 4, True) == 0 and use(cuda, "vk", 128, 128, 4, 4, True) == 0
+    assert use(cuda, "vk", 1, 48, 4, 4, True) == 0 and use(cuda, "vk", 1, 128, 4, 4, True, num_warps=2) == 0
+    assert use(torch.device("cpu"), "vk", 1, 128, 4, 4, True) == 0
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
+
+    assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True) for b in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
+    assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4)] == [2, 2, 4]
+    assert [rec.pick_lanes_tile(b, 48, 128, 128, 5, False, xred=True) for b in (1, 2, 3)] == [None, (8, 8), (16, 8)]
+    assert [rec.pick_lanes_tile(b, 48, 128, 128, 5, False) for b in (1, 2)] == [(8, 8), (8, 8)]
+
+    # the wrapper: the rule's answer reaches the kernel as XRED, and moves KDA B=1's tile to 4 columns
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["BV"], kw["XRED"]))
+
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
+    monkeypatch.setattr(rec, "use_xred", lambda device, layout, key_stride, K, bv, *a: int(layout == "vk" and bv < 16))
+    gen = torch.Generator().manual_seed(4)
+    w = _window(gen, 1, 4, 12, 12, 128, 128, "kda")
+    gated_delta_recurrent_triton(*w, torch.zeros(2, 12, 128, 128), torch.tensor([1]), 4, "kda", LB, state_layout="vk",
+                                 commit=False)
+    w = _window(gen, 1, 5, 16, 48, 128, 128, "gdn")
+    gated_delta_recurrent_triton(*w, torch.zeros(2, 48, 128, 128), torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False)
+    assert seen == [(4, 1), (4, 1)]
+    with pytest.raises(ValueError, match="xred"):
+        gated_delta_recurrent_triton(*w, torch.zeros(2, 48, 128, 128), torch.tensor([0]), 5, "gdn", state_layout="kv",
+                                     commit=False, wide=True, value_tile=4, xred=1)
+
+
+def test_shuffle_layout_check_accepts_lanes_on_dim_0_only():
+    """``compile_gate.shuffle_layout_error``, which the gate applies to every compiled config: a warp shuffle
+    is trusted only on a ``[32, n]`` tile whose dim 0 is the 32 lanes in order (linear, blocked and sliced
+    forms), and rejected where Triton put lanes on dim 1, split dim 0 between lanes and registers, or
+    spread it over warps."""
+    from sgl_hybrid_kernel.compile_gate import shuffle_layout_error
+
+    def ttgir(defs, layout):
+        return "\n".join(defs) + f'\n  %y = tt.elementwise_inline_asm "shfl.sync.bfly.b32 $0, $1, 16, 31, -1;" %x : ' \
+                                  f"tensor<32x4xi32, {layout}> -> tensor<32x4xi32, {layout}>\n"
+
+    lin = "#linear = #ttg.linear<{register = [[0, 1], [0, 2]], lane = [[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]], warp = [], block = []}>"
+    blk = "#blocked = #ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [32, 1], warpsPerCTA = [1, 1], order = [1, 0]}>"
+    par = ("#blocked1 = #ttg.blocked<{sizePerThread = [1, 4, 1], threadsPerWarp = [32, 1, 1], warpsPerCTA = [1, 1, 1], "
+           "order = [1, 0, 2]}>")
+    assert shuffle_layout_error(ttgir([lin], "#linear")) is None
+    assert shuffle_layout_error(ttgir([blk], "#blocked")) is None
+    assert shuffle_layout_error(ttgir([par], "#ttg.slice<{dim = 1, parent = #blocked1}>")) is None
+    bad = [
+        ("#linear = #ttg.linear<{register = [[1, 0], [2, 0]], lane = [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]], warp = [], block = []}>", "#linear"),
+        ("#linear = #ttg.linear<{register = [[16, 0]], lane = [[1, 0], [2, 0], [4, 0], [8, 0], [0, 1]], warp = [], block = []}>", "#linear"),
+        ("#blocked = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [8, 4], warpsPerCTA = [1, 1], order = [1, 0]}>", "#blocked"),
+        ("#blocked = #ttg.blocked<{sizePerThread = [2, 1], threadsPerWarp = [32, 1], warpsPerCTA = [1, 1], order = [1, 0]}>", "#blocked"),
+        ("#blocked = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [32, 1], warpsPerCTA = [2, 1], order = [1, 0]}>", "#blocked"),
+        (par, "#ttg.slice<{dim = 0, parent = #blocked1}>"),
+    ]
+    for d, layout in bad:
+        assert "dim 0 on the lanes" in shuffle_layout_error(ttgir([d], layout)), d
+
+
+def test_compiled_kernel_shuffles_on_the_lanes_and_fewer_times():
+    """The CUDA binary as the wrapper launches it (KDA T=4, 4 columns, fix-up-free gate), compiled for sm_90 with
+    the installed Triton: every inline shuffle on a lanes-on-dim-0 tile, and the reduce-scatter's point, fewer
+    shuffles per program than Triton's per-column butterflies (220 -> 116 with Triton 3.8). Compiled in a
+    subprocess: this suite runs the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from sgl_hybrid_kernel.compile_gate import compiled_asm, shuffle_layout_error; "
+            "x = compiled_asm('kda_verify1w_t4_bv4_fast_xred'); p = compiled_asm('kda_verify1w_t4_bv4_fast'); "
+            "print(shuffle_layout_error(x['ttgir']), x['ttgir'].count('shfl.sync'), x['ptx'].count('shfl.sync'), "
+            "p['ptx'].count('shfl.sync'))")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    err, n_ir, nx, n0 = res.stdout.split()
+    assert err == "None" and int(n_ir) > 0
+    assert int(nx) < 0.6 * int(n0), (nx, n0)
