@@ -124,22 +124,29 @@ def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
 
 
 def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch):
-    """``recurrent.use_xred``: on CUDA for one-warp tiles under 16 columns of a V-major pool with key stride 1
-    and ``K`` a multiple of 32 (decode, plain and all-modes windows alike), never on ROCm, the interpreter,
-    a K-major pool or 16 columns. Where it applies, KDA's plain verify windows stop halving at 4 columns
+    """``recurrent.use_xred``: on CUDA (sm_90, the arch the compile gate checks) for one-warp tiles under 16
+    columns of a V-major pool with key stride 1 and ``K`` a multiple of 32 (decode, plain and all-modes windows
+    alike), never on ROCm, another CUDA arch, the interpreter, a K-major pool or 16 columns. Where it applies, KDA's plain verify windows stop halving at 4 columns
     (H200: 4 columns faster than 2 with it) and GDN's plain windows at B=1 leave the lanes kernel for it.
     An explicit ``xred`` outside the kernel's contract is a ``ValueError`` naming it."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
 
+    from types import SimpleNamespace
+
     cuda = torch.device("cuda")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.version, "hip", None)
+    arch = ["sm90"]
+    monkeypatch.setattr(rec, "device_platform", lambda device: SimpleNamespace(arch=arch[0], device="cpu"))
     use = rec.use_xred
     assert [use(cuda, "vk", 1, 128, bv, 4, True) for bv in (1, 2, 4, 8, 16)] == [1, 1, 1, 1, 0]
     assert use(cuda, "vk", 1, 128, 4, 1, True) == 1 and use(cuda, "vk", 1, 128, 8, 5, False) == 1
     assert use(cuda, "kv", 1, 128, 4, 4, True) == 0 and use(cuda, "vk", 128, 128, 4, 4, True) == 0
     assert use(cuda, "vk", 1, 48, 4, 4, True) == 0 and use(cuda, "vk", 1, 128, 4, 4, True, num_warps=2) == 0
     assert use(torch.device("cpu"), "vk", 1, 128, 4, 4, True) == 0
+    arch[0] = "sm100"  # a CUDA arch whose shuffle layouts the compile gate does not check
+    assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
+    arch[0] = "sm90"
     monkeypatch.setattr(torch.version, "hip", "6.4")
     assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
     monkeypatch.setattr(torch.version, "hip", None)

@@ -69,7 +69,7 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
              f"lanes kernel (per-token prologue + 8 key lanes, "
              f"Triton {triton.__version__}, V_FIRST={lanes_v_first()}, programmatic dependent launch={lanes_pdl(q.device)}); "
              "K-major decode: register-tile kernel; on CUDA, KDA's all-modes windows and plain verify windows at 4-8 "
-             "columns: gate and beta exponentials / reciprocals without fix-ups (recurrent.use_fast_gate); on CUDA, "
+             "columns: gate and beta exponentials / reciprocals without fix-ups (recurrent.use_fast_gate); on CUDA sm_90, "
              "one-warp tiles under 16 columns of the V-major pool: each token's key sums as one reduce-scatter across "
              "the warp (recurrent.use_xred; KDA plain verify then at 4 columns from B=1, GDN plain verify at B=1 on "
              "the one-warp kernel)")

@@ -384,12 +384,17 @@ def xred_shape_ok(state_layout: str, key_stride: int, head_k_dim: int, value_til
     return state_layout == "vk" and key_stride == 1 and head_k_dim % 32 == 0 and value_tile <= 16 and num_warps == 1
 
 
+# CUDA archs on which the compile gate checks the XRED binaries' shuffled tiles (compile_gate: the *_xred rows)
+XRED_ARCHS = ("sm90",)
+
+
 def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, tokens: int,
              plain: bool, num_warps: int = 1) -> int:
     """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
     as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies): 1 (CUDA shuffles)
-    below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), inside
-    :func:`xred_shape_ok`. Decode, plain verify and every all-modes window alike (the results are the same bits
+    below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), on the
+    archs of :data:`XRED_ARCHS` (those whose compiled shuffle layouts the compile gate checks: the lane arithmetic
+    assumes Triton's layouts there), inside :func:`xred_shape_ok`. Decode, plain verify and every all-modes window alike (the results are the same bits
     either way, so a window and its replays need not agree on it).
 
     H200, 2026-12-02 (``2026-12-02-h200-verify_xred_*.json``, graph replay, states from HBM, ``8f58609``'s package in
@@ -400,7 +405,8 @@ def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_di
     GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off.
     Issue 4."""
     if device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1" \
-            or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps):
+            or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps) \
+            or device_platform(device).arch not in XRED_ARCHS:
         return 0
     return int(value_tile < 16)
 
