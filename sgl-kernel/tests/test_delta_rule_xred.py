@@ -47,15 +47,16 @@ def _naive(gate, q, k, v, f, b, A, dtb, S0_kv, G):
                                             initial_state=S0_kv[None], output_final_state=True)
 
 
-@pytest.mark.parametrize("gate,T,BV,V", [("kda", 1, 4, 16), ("kda", 3, 8, 16), ("kda", 2, 16, 24), ("gdn", 3, 4, 16),
-                                         ("gdn", 2, 2, 16), ("kda", 2, 1, 8), ("gdn", 1, 8, 24)])
-def test_reduce_scatter_matches_fla_naive_and_the_butterflies(gate, T, BV, V):
-    """Decode and plain verify windows with ``xred=2``: outputs and committed states equal fla's naive
-    recurrence and the ``xred=0`` kernel; a padding row gives zeros, NaN pool slots nobody names stay NaN,
-    and with ``V`` not a multiple of the tile (24 at 16 columns) the masked lanes write nothing."""
+@pytest.mark.parametrize("gate,T,BV,V,K", [("kda", 1, 4, 16, 128), ("kda", 3, 8, 16, 128), ("kda", 2, 16, 24, 96),
+                                           ("gdn", 3, 4, 16, 128), ("gdn", 2, 2, 16, 96), ("gdn", 1, 8, 24, 128)])
+def test_reduce_scatter_matches_fla_naive_and_the_butterflies(gate, T, BV, V, K):
+    """Decode and plain verify windows with ``xred=2`` on the 128-key tile the CUDA path serves (``K`` = 128, or 96
+    with masked keys): outputs and committed states equal fla's naive recurrence and the ``xred=0`` kernel; a
+    padding row gives zeros, NaN pool slots nobody names stay NaN, and with ``V`` not a multiple of the tile (24
+    at 16 columns) the masked lanes write nothing."""
     gen = torch.Generator().manual_seed(21)
-    B, H, K = 3, 2, 32
-    HV = 4 if gate == "gdn" else H
+    B, H = 3, 1
+    HV = 2 if gate == "gdn" else H
     w = _window(gen, B, T, H, HV, K, V, gate)
     pool = torch.randn(6, HV, V, K, generator=gen)
     pool[2] = NAN
@@ -90,7 +91,7 @@ def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
     one lane per column) and the next window's fused replay agree with the same modes at ``xred=0``, and the
     fused replay of each accepted prefix equals a plain window started from that prefix's snapshot."""
     gen = torch.Generator().manual_seed(22)
-    B, T, H, K, V = 3, 3, 1, 32, 16
+    B, T, H, K, V = 3, 3, 1, 128, 16
     HV = 2
     w1, w2 = _window(gen, B, T, H, HV, K, V, gate), _window(gen, B, T, H, HV, K, V, gate)[:5]
     A, dtb = w1[5], w1[6]
@@ -139,19 +140,25 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     arch = ["sm90"]
     monkeypatch.setattr(rec, "device_platform", lambda device: SimpleNamespace(arch=arch[0], device="cpu"))
     use = rec.use_xred
-    assert [use(cuda, "vk", 1, 128, bv, 4, True) for bv in (1, 2, 4, 8, 16)] == [1, 1, 1, 1, 0]
-    assert use(cuda, "vk", 1, 128, 4, 1, True) == 1 and use(cuda, "vk", 1, 128, 8, 5, False) == 1
-    assert use(cuda, "kv", 1, 128, 4, 4, True) == 0 and use(cuda, "vk", 128, 128, 4, 4, True) == 0
-    assert use(cuda, "vk", 1, 48, 4, 4, True) == 0 and use(cuda, "vk", 1, 128, 4, 4, True, num_warps=2) == 0
-    assert use(torch.device("cpu"), "vk", 1, 128, 4, 4, True) == 0
+    assert [use(cuda, "vk", 1, 128, bv) for bv in (1, 2, 4, 8, 16)] == [0, 1, 1, 1, 0]
+    assert use(cuda, "vk", 1, 96, 4) == 1  # a 128-key tile with masked keys
+    # other key widths lay the state tile out otherwise (K=64: 16 lanes on the keys; K=256: 8 keys per thread)
+    assert [use(cuda, "vk", 1, kk, 4) for kk in (32, 64, 160, 256)] == [0, 0, 0, 0]
+    assert use(cuda, "kv", 1, 128, 4) == 0 and use(cuda, "vk", 128, 128, 4) == 0 and use(cuda, "vk", 1, 128, 4, 2) == 0
+    assert use(cuda, "vk", 1, 128, 4, aligned=False) == 0  # an unaligned pool loses the 4-key vectors
+    assert use(torch.device("cpu"), "vk", 1, 128, 4) == 0
     arch[0] = "sm100"  # a CUDA arch whose shuffle layouts the compile gate does not check
-    assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
+    assert use(cuda, "vk", 1, 128, 4) == 0
     arch[0] = "sm90"
     monkeypatch.setattr(torch.version, "hip", "6.4")
-    assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
+    assert use(cuda, "vk", 1, 128, 4) == 0
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert use(cuda, "vk", 1, 128, 4, 4, True) == 0
+    assert use(cuda, "vk", 1, 128, 4) == 0
+    pool = torch.zeros(3, 2, 16, 128)
+    assert rec.xred_aligned(pool, None)
+    assert not rec.xred_aligned(pool, torch.zeros(3 * 4100).as_strided((3, 2, 16, 128), (4100, 2048, 128, 1)))  # slot stride
+    assert not rec.xred_aligned(torch.zeros(pool.numel() + 1)[1:].view(pool.shape))  # base 4 bytes past an aligned one
 
     assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True) for b in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
     assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4)] == [2, 2, 4]
@@ -174,9 +181,20 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     w = _window(gen, 1, 5, 16, 48, 128, 128, "gdn")
     gated_delta_recurrent_triton(*w, torch.zeros(2, 48, 128, 128), torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False)
     assert seen == [(4, 1), (4, 1)]
-    with pytest.raises(ValueError, match="xred"):
-        gated_delta_recurrent_triton(*w, torch.zeros(2, 48, 128, 128), torch.tensor([0]), 5, "gdn", state_layout="kv",
-                                     commit=False, wide=True, value_tile=4, xred=1)
+    # an explicit xred outside the kernel's contract: a ValueError naming it
+    pool = torch.zeros(2, 48, 128, 128)
+    bad = [dict(state_layout="kv", wide=True, value_tile=4, xred=1),  # K-major pool
+           dict(state_layout="vk", wide=True, value_tile=4, xred=3),  # no such mode
+           dict(state_layout="vk", wide=False, value_tile=4, xred=1),  # the register-tile kernel
+           dict(state_layout="vk", key_lanes=8, xred=1),  # the lanes kernel
+           dict(state_layout="vk", wide=True, value_tile=4, num_warps=2, xred=1)]
+    for kw in bad:
+        with pytest.raises(ValueError, match="xred"):
+            gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", commit=False, **kw)
+    unaligned = torch.zeros(2 * 48 * 128 * 128 + 1)[1:].view(2, 48, 128, 128)  # base 4 bytes past an aligned one
+    with pytest.raises(ValueError, match="aligned=False"):
+        gated_delta_recurrent_triton(*w, unaligned, torch.tensor([0]), 5, "gdn", commit=False, state_layout="vk", wide=True,
+                                     value_tile=4, xred=1)
 
 
 def test_shuffle_layout_check_accepts_lanes_on_dim_0_only():
@@ -197,6 +215,9 @@ def test_shuffle_layout_check_accepts_lanes_on_dim_0_only():
     assert shuffle_layout_error(ttgir([lin], "#linear")) is None
     assert shuffle_layout_error(ttgir([blk], "#blocked")) is None
     assert shuffle_layout_error(ttgir([par], "#ttg.slice<{dim = 1, parent = #blocked1}>")) is None
+    lin3 = ("#linear3 = #ttg.linear<{register = [[0, 1, 0], [0, 2, 0], [0, 0, 1]], lane = [[1, 0, 0], [2, 0, 0], [4, 0, 0], "
+            "[8, 0, 0], [16, 0, 0]], warp = [], block = []}>")  # what a 1-column tile's partial sums compile to
+    assert shuffle_layout_error(ttgir([lin3], "#ttg.slice<{dim = 1, parent = #linear3}>")) is None
     bad = [
         ("#linear = #ttg.linear<{register = [[1, 0], [2, 0]], lane = [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]], warp = [], block = []}>", "#linear"),
         ("#linear = #ttg.linear<{register = [[16, 0]], lane = [[1, 0], [2, 0], [4, 0], [8, 0], [0, 1]], warp = [], block = []}>", "#linear"),
@@ -204,6 +225,8 @@ def test_shuffle_layout_check_accepts_lanes_on_dim_0_only():
         ("#blocked = #ttg.blocked<{sizePerThread = [2, 1], threadsPerWarp = [32, 1], warpsPerCTA = [1, 1], order = [1, 0]}>", "#blocked"),
         ("#blocked = #ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [32, 1], warpsPerCTA = [2, 1], order = [1, 0]}>", "#blocked"),
         (par, "#ttg.slice<{dim = 0, parent = #blocked1}>"),
+        ("#linear3 = #ttg.linear<{register = [[0, 1, 0], [4, 0, 0]], lane = [[1, 0, 0], [2, 0, 0], [0, 0, 1], [8, 0, 0], "
+         "[16, 0, 0]], warp = [], block = []}>", "#ttg.slice<{dim = 1, parent = #linear3}>"),
     ]
     for d, layout in bad:
         assert "dim 0 on the lanes" in shuffle_layout_error(ttgir([d], layout)), d

@@ -135,13 +135,11 @@ def _lane_dim0_layout(defs: Dict[str, str], layout: str) -> bool:
     """Whether a TTGIR layout (an alias of ``defs`` or an inline ``#ttg.slice``) puts exactly the warp's 32 lanes
     on dim 0, lane ``l`` holding index ``l`` there, one warp, and nothing else of dim 0 in registers."""
     m = re.fullmatch(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}>", layout)
+    drop = None
     if m:
-        dim, parent = int(m.group(1)), defs.get(m.group(2), "")
-        b = re.search(r"sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]", parent)
-        if dim == 0 or not b:
+        drop, layout = int(m.group(1)), m.group(2)
+        if drop == 0:
             return False
-        spt, tpw, wpc = ([int(x) for x in g.split(",")] for g in b.groups())
-        return spt[0] == 1 and tpw[0] == 32 and all(w == 1 for w in wpc)
     text = defs.get(layout, "")
     b = re.search(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], warpsPerCTA = \[([\d, ]+)\]", text)
     if b:
@@ -149,7 +147,8 @@ def _lane_dim0_layout(defs: Dict[str, str], layout: str) -> bool:
         return spt[0] == 1 and tpw[0] == 32 and all(w == 1 for w in wpc)
     li = re.search(r"#ttg\.linear<\{register = \[(.*?)\], lane = \[(.*?)\], warp = \[(.*?)\]", text)
     if li:
-        vec = lambda g: [[int(x) for x in v.split(",")] for v in re.findall(r"\[([-\d, ]+)\]", g)]  # noqa: E731
+        vec = lambda g: [[int(x) for j, x in enumerate(v.split(",")) if j != drop]  # noqa: E731
+                         for v in re.findall(r"\[([-\d, ]+)\]", g)]
         reg, lane, warp = (vec(g) for g in li.groups())
         return ([v[0] for v in lane] == [1, 2, 4, 8, 16] and all(not any(v[1:]) for v in lane)
                 and all(v[0] == 0 for v in reg) and all(not any(v) for v in warp))
@@ -265,6 +264,9 @@ def kernel_configs() -> List[KernelConfig]:
             wide("gdn_decode1w_bv4_xred", 1, 4, GATE_GDN, gdn, vk, xred=1),
             wide("kda_verify1w_t4_bv4_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, fast=True, xred=1),
             wide("kda_verify1w_t4_bv8_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, fast=True, xred=1),
+            # the other tiles an explicit value_tile can ask with XRED (recurrent.xred_shape_ok: 2 to 16 columns)
+            wide("kda_verify1w_t4_bv2_xred", 4, 2, GATE_KDA_SAFE, kda, vk, xred=1),
+            wide("kda_verify1w_t4_bv16_xred", 4, 16, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("gdn_verify1w_t5_bv4_xred", 5, 4, GATE_GDN, gdn, vk, xred=1),
             wide("kda_verify1w_t4_bv4_allmodes_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("kda_verify1w_t4_bv8_allmodes_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),

@@ -209,7 +209,9 @@ def gated_delta_recurrent_triton(
             the compile gate compiles it; 1, 2 and 3 ran at the same speed on the H200, 2026-11-30).
         xred: one-warp verify kernel: each token's key-axis sums as one reduce-scatter across the warp
             (``triton_recurrent._xred_pair``; 1: CUDA shuffles, 2: the same exchanges as gathers, for tests;
-            0: Triton's per-column butterflies). ``None``: :func:`use_xred`. V-major pool only.
+            0: Triton's per-column butterflies). ``None``: :func:`use_xred`. Given (not ``None``), the one-warp
+            kernel runs (not the lanes kernel); 1 or 2 need :func:`xred_shape_ok` and ``wide`` not ``False``
+            (``ValueError`` otherwise).
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -300,13 +302,17 @@ def gated_delta_recurrent_triton(
                              f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
         plain = not (save or deferred or fused_replay)
         # whether the one-warp kernel's narrow tiles would run XRED (the tile rules below depend on it)
-        xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, T, plain, num_warps or 1) if xred is None
+        aligned = xred_aligned(state, inter_state if save else None)
+        xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, num_warps or 1, aligned) if xred is None
                      else bool(xred))
         lanes = None
         if state_layout == "vk":
-            if key_lanes is None and value_tile is None and state.stride(3) == 1 and state.dtype == torch.float32:
+            if (key_lanes is None and value_tile is None and xred is None and state.stride(3) == 1
+                    and state.dtype == torch.float32):
                 lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain, xr_narrow)
             elif key_lanes:
+                if xred:
+                    raise ValueError(f"xred={xred} is a mode of the one-warp kernel; key_lanes={key_lanes} runs the lanes kernel")
                 lanes = (value_tile or 16, int(key_lanes))
         if lanes is not None:
             _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state if save else None,
@@ -317,14 +323,21 @@ def gated_delta_recurrent_triton(
             return o
         BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN, xr_narrow) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        xr = use_xred(q.device, state_layout, state.stride(3), K, BV, T, plain, num_warps or 1) if xred is None else int(xred)
-        if xr and not xred_shape_ok(state_layout, state.stride(3), K, BV, num_warps or 1):
-            raise ValueError(f"xred={xr}: the one-warp kernel on a V-major pool with key stride 1, K a multiple of 32 "
-                             f"and at most 16 columns (state_layout={state_layout!r}, K={K}, value_tile={BV})")
+        xr = use_xred(q.device, state_layout, state.stride(3), K, BV, num_warps or 1, aligned) if xred is None else int(xred)
+        if xr not in (0, 1, 2):
+            raise ValueError(f"xred must be 0, 1 or 2, got {xred!r}")
+        if xr and not xred_shape_ok(state_layout, state.stride(3), K, BV, num_warps or 1, aligned):
+            raise ValueError(f"xred={xr}: the one-warp kernel with one warp on a V-major pool with key stride 1, "
+                             f"65 <= K <= 128, 2 to 16 value columns and 16-aligned pool base / slot / head strides "
+                             f"(state_layout={state_layout!r}, K={K}, value_tile={BV}, num_warps={num_warps or 1}, "
+                             f"aligned={aligned})")
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
                                                              XRED=xr)
         warps = num_warps or 1
     else:
+        if xred:
+            raise ValueError(f"xred={xred} is a mode of the one-warp kernel (wide=True); this call runs the register-tile "
+                             f"kernel")
         kernel = gated_delta_recurrent_kernel
         extra = dict(PRELOAD=recurrent_preload(BV, T, kind != GATE_GDN) if preload is None else bool(preload))
         warps = num_warps or recurrent_num_warps(BV, T, state_layout)
@@ -377,25 +390,37 @@ def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile:
     return (not plain) or (tokens > 1 and 4 <= value_tile < 16)
 
 
-def xred_shape_ok(state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, num_warps: int) -> bool:
-    """Whether the one-warp kernel's ``XRED`` serves this launch: a V-major pool with key stride 1 (the state
-    tile then has the 32 lanes on the keys, ``K / 32`` consecutive keys per thread), ``K`` a multiple of 32,
-    at most 16 columns, one warp."""
-    return state_layout == "vk" and key_stride == 1 and head_k_dim % 32 == 0 and value_tile <= 16 and num_warps == 1
+def xred_shape_ok(state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, num_warps: int,
+                  aligned: bool = True) -> bool:
+    """Whether the one-warp kernel's ``XRED`` serves this launch: a V-major pool with key stride 1 and a 128-key
+    tile (``65 <= K <= 128``), 2 to 16 value columns, one warp, and a pool (and snapshot pool) whose base address
+    and slot / head strides are multiples of 16 (``aligned``, :func:`xred_aligned`). Triton chooses the state
+    tile's layout from these: only then are the 32 lanes on the keys with 4 consecutive keys per thread, which
+    ``triton_recurrent._xred_pair``'s lane arithmetic assumes (other key widths or an unaligned pool put lanes on
+    the columns; the compile gate's ``*_xred`` rows check the served configs). Issue 4."""
+    return (state_layout == "vk" and key_stride == 1 and triton.next_power_of_2(head_k_dim) == 128
+            and 2 <= value_tile <= 16 and num_warps == 1 and aligned)
+
+
+def xred_aligned(*pools: Optional[torch.Tensor]) -> bool:
+    """Whether every given pool (``None`` skipped) has a 16-byte aligned base and slot / head strides divisible
+    by 16, as the compile gate's ``*_xred`` rows assume (Triton specialises the launch on both)."""
+    return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0)
+               for t in pools)
 
 
 # CUDA archs on which the compile gate checks the XRED binaries' shuffled tiles (compile_gate: the *_xred rows)
 XRED_ARCHS = ("sm90",)
 
 
-def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, tokens: int,
-             plain: bool, num_warps: int = 1) -> int:
+def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int,
+             num_warps: int = 1, aligned: bool = True) -> int:
     """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
     as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies): 1 (CUDA shuffles)
     below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), on the
     archs of :data:`XRED_ARCHS` (those whose compiled shuffle layouts the compile gate checks: the lane arithmetic
-    assumes Triton's layouts there), inside :func:`xred_shape_ok`. Decode, plain verify and every all-modes window alike (the results are the same bits
-    either way, so a window and its replays need not agree on it).
+    assumes Triton's layouts there), inside :func:`xred_shape_ok`. Decode, plain verify and every all-modes window
+    alike (the results are the same bits either way, so a window and its replays need not agree on it).
 
     H200, 2026-12-02 (``2026-12-02-h200-verify_xred_*.json``, graph replay, states from HBM, ``8f58609``'s package in
     the same process, outputs and states bit-identical, every deferred / fused-replay check bit-exact), µs:
@@ -405,7 +430,7 @@ def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_di
     GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off.
     Issue 4."""
     if device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1" \
-            or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps) \
+            or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps, aligned) \
             or device_platform(device).arch not in XRED_ARCHS:
         return 0
     return int(value_tile < 16)

@@ -86,7 +86,7 @@ def _lane_xor(x, lane, m: tl.constexpr, XRED: tl.constexpr):
     dim 0 is the warp's lanes (what :func:`_xred_pair` builds from the state tile's layout;
     ``test_xred_tiles_keep_the_lanes_on_dim_0`` compiles the kernel and checks it). ``XRED == 1`` (CUDA):
     ``shfl.sync.bfly``; ``2``: the same exchange as a gather along dim 0 (the interpreter, and any target,
-    much slower: reference for the tests)."""
+    much slower: reference for the tests). Issue 4."""
     if XRED == 1:
         xi = x.to(tl.int32, bitcast=True)
         if m == 16:
@@ -113,7 +113,7 @@ def _lane_xor(x, lane, m: tl.constexpr, XRED: tl.constexpr):
 @triton.jit
 def _lane_pick(x, src, XRED: tl.constexpr):
     """Element ``[l, j]`` = ``x[src[j], j]`` for a ``[32, n]`` FP32 tile with dim 0 on the lanes and ``src`` a
-    ``[1, n]`` int32 lane per column (``shfl.sync.idx`` under ``XRED == 1``, else a gather)."""
+    ``[1, n]`` int32 lane per column (``shfl.sync.idx`` under ``XRED == 1``, else a gather). Issue 4."""
     srcb = tl.broadcast_to(src, x.shape)
     if XRED == 1:
         y = tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 31, -1;", "=r,r,r",
@@ -127,7 +127,7 @@ def _lane_pick(x, src, XRED: tl.constexpr):
 def _xred_level(Z, lane, n: tl.constexpr, m: tl.constexpr, XRED: tl.constexpr):
     """One butterfly level (lane mask ``m``) of :func:`_xred_pair` on ``Z`` ``[32, n]``: with ``n > 1`` a
     reduce-scatter step (lanes with bit ``m`` clear keep the even columns and receive their partner's,
-    the others the odd ones: ``[32, n / 2]``), else the plain all-reduce step."""
+    the others the odd ones: ``[32, n / 2]``), else the plain all-reduce step. Issue 4."""
     if n > 1:
         ev, od = tl.split(tl.reshape(Z, [32, n // 2, 2]))
         up = (lane & m) != 0
@@ -139,7 +139,7 @@ def _xred_level(Z, lane, n: tl.constexpr, m: tl.constexpr, XRED: tl.constexpr):
 @triton.jit
 def _xred_col(lane, BV: tl.constexpr):
     """The value column (``[32, 1]`` int32, ``0 .. BV - 1``) whose sums :func:`_xred_pair` leaves in each lane:
-    bit ``i`` of the column is the lane's bit ``8 >> i`` (the reduce-scatter levels 8, 4, 2, 1)."""
+    bit ``i`` of the column is the lane's bit ``8 >> i`` (the reduce-scatter levels 8, 4, 2, 1). Issue 4."""
     c = lane * 0
     if BV > 1:
         c += (lane >> 3) & 1
@@ -154,8 +154,9 @@ def _xred_col(lane, BV: tl.constexpr):
 
 @triton.jit
 def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr):
-    """Key-axis sums of two ``[BK, BV]`` tiles in the state's layout (32 lanes on the keys, ``BK / 32``
-    consecutive keys per thread, every column in each thread) as one reduce-scatter instead of ``2 BV``
+    """Key-axis sums of two ``[BK, BV]`` FP32 tiles in the state's layout (32 lanes on the keys, ``BK / 32``
+    consecutive keys per thread, every column in each thread: what Triton lays out for ``BK == 128`` on an aligned
+    V-major pool, ``recurrent.xred_shape_ok``) as one reduce-scatter instead of ``2 BV``
     all-reduce butterflies: the in-thread partial sums, then lane mask 16 splits ``X`` from ``Y`` and masks
     8, 4, 2, 1 halve the columns while ``BV`` allows (plain all-reduce steps after that). The same
     additions in the same order as ``tl.sum`` over axis 0 (Triton's warp reduction: own value plus the
@@ -184,7 +185,7 @@ def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexp
 def _xred_bcast(e, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr):
     """``[BK, BV]`` tile whose column ``j`` is column ``j``'s value of ``e`` (``[32, 1]``, laid out as
     :func:`_xred_pair` returns), in the state tile's layout: one ``shfl.sync.idx`` per column from a lane
-    holding it (bits of ``j`` on lane bits 8, 4, 2, 1)."""
+    holding it (bits of ``j`` on lane bits 8, 4, 2, 1). Issue 4."""
     R: tl.constexpr = BK // 32
     j = tl.arange(0, BV)[None, :]
     src = ((j & 1) << 3) | (((j >> 1) & 1) << 2) | (((j >> 2) & 1) << 1) | ((j >> 3) & 1)
@@ -625,6 +626,7 @@ def gated_delta_verify_wide_kernel(
         # V-major pool, one warp: the state tile's layout then puts the 32 lanes on the keys, BK / 32
         # consecutive keys per thread, which _xred_pair's lane arithmetic assumes
         tl.static_assert(s_k == 1, "XRED: key stride 1 (V-major pool)")
+        tl.static_assert(XRED != 1 or BK == 128, "XRED=1: a 128-key tile (recurrent.xred_shape_ok)")
         lane = tl.arange(0, 32)[:, None]
         o_vt = i_v * BV + _xred_col(lane, BV)  # [32, 1]: each lane's column
         m_vt = o_vt < V
