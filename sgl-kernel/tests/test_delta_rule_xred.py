@@ -21,20 +21,10 @@ from fla.ops.kda.naive import naive_recurrent_kda
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.norm import l2_norm
+from test_delta_rule_triton import _batch as _window  # same inputs as the rest of the suite
 
 NAN = float("nan")
 LB = -5.0
-
-
-def _window(gen, B, T, H, HV, K, V, gate):
-    N = B * T
-    q, k = torch.randn(N, H, K, generator=gen), torch.randn(N, H, K, generator=gen)
-    v = torch.randn(N, HV, V, generator=gen)
-    f = torch.randn(N, HV, generator=gen) if gate == "gdn" else torch.randn(N, HV, K, generator=gen)
-    b = torch.randn(N, HV, generator=gen)
-    A = torch.rand(HV, generator=gen)
-    dtb = torch.randn(HV if gate == "gdn" else HV * K, generator=gen)
-    return q, k, v, f, b, A, dtb
 
 
 def _naive(gate, q, k, v, f, b, A, dtb, S0_kv, G):

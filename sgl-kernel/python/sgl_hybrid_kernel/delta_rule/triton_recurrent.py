@@ -83,28 +83,16 @@ def _frcp(x, FAST: tl.constexpr):
 @triton.jit
 def _lane_xor(x, lane, m: tl.constexpr, XRED: tl.constexpr):
     """``x`` as held by lane ``lane ^ m`` of the warp, element by element, for a ``[32, n]`` FP32 tile whose
-    dim 0 is the warp's lanes (what :func:`_xred_pair` builds from the state tile's layout;
-    ``test_xred_tiles_keep_the_lanes_on_dim_0`` compiles the kernel and checks it). ``XRED == 1`` (CUDA):
+    dim 0 is the warp's lanes (what :func:`_xred_pair` builds from the state tile's layout; the compile gate's
+    ``shuffle_layout_error`` checks every compiled config). ``XRED == 1`` (CUDA):
     ``shfl.sync.bfly``; ``2``: the same exchange as a gather along dim 0 (the interpreter, and any target,
     much slower: reference for the tests). Issue 4."""
     if XRED == 1:
-        xi = x.to(tl.int32, bitcast=True)
-        if m == 16:
-            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 16, 31, -1;", "=r,r", [xi], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        elif m == 8:
-            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 8, 31, -1;", "=r,r", [xi], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        elif m == 4:
-            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 4, 31, -1;", "=r,r", [xi], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        elif m == 2:
-            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 31, -1;", "=r,r", [xi], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        else:
-            tl.static_assert(m == 1, "lane masks 16, 8, 4, 2, 1")
-            y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 31, -1;", "=r,r", [xi], dtype=tl.int32,
-                                          is_pure=True, pack=1)
+        tl.static_assert(m == 16 or m == 8 or m == 4 or m == 2 or m == 1, "lane masks 16, 8, 4, 2, 1")
+        # the mask as an operand: a constant, which ptxas folds into the instruction's immediate
+        y = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, $2, 31, -1;", "=r,r,r",
+                                      [x.to(tl.int32, bitcast=True), tl.full(x.shape, m, tl.int32)], dtype=tl.int32,
+                                      is_pure=True, pack=1)
         return y.to(tl.float32, bitcast=True)
     else:
         return tl.gather(x, tl.broadcast_to(lane ^ m, x.shape), 0)
@@ -191,6 +179,40 @@ def _xred_bcast(e, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr)
     src = ((j & 1) << 3) | (((j >> 1) & 1) << 2) | (((j >> 2) & 1) << 1) | ((j >> 3) & 1)
     E = _lane_pick(tl.broadcast_to(e, [32, BV]), src, XRED)
     return tl.reshape(tl.broadcast_to(tl.expand_dims(E, 1), [32, R, BV]), [BK, BV])
+
+
+@triton.jit
+def _xred_norms(q, k, lane, BK: tl.constexpr, XRED: tl.constexpr):
+    """``(|k|^2, |q|^2, q.k)`` of two ``[BK]`` FP32 key vectors in the state's key layout (``BK / 32`` consecutive
+    keys per lane), each ``[32, 1]`` and equal in every lane: one reduce-scatter (lane mask 16 splits the first two
+    pairs, 8 the remaining two, then 4, 2, 1 plain) and three ``shfl.idx`` back, 9 shuffles instead of 15. ``|k|^2``
+    and ``|q|^2`` add in ``tl.sum``'s order (bit-identical); ``q.k`` is of the raw vectors. Issue 4."""
+    R: tl.constexpr = BK // 32
+    q2 = tl.reshape(q, [32, R])
+    k2 = tl.reshape(k, [32, R])
+    a = tl.sum(k2 * k2, axis=1, keep_dims=True)
+    b = tl.sum(q2 * q2, axis=1, keep_dims=True)
+    c = tl.sum(q2 * k2, axis=1, keep_dims=True)
+    z = a * 0.0
+    up = (lane & 16) != 0
+    X1 = tl.where(up, b, a) + _lane_xor(tl.where(up, a, b), lane, 16, XRED)
+    X2 = tl.where(up, z, c) + _lane_xor(tl.where(up, c, z), lane, 16, XRED)
+    u8 = (lane & 8) != 0
+    Y = tl.where(u8, X2, X1) + _lane_xor(tl.where(u8, X1, X2), lane, 8, XRED)
+    Y = Y + _lane_xor(Y, lane, 4, XRED)
+    Y = Y + _lane_xor(Y, lane, 2, XRED)
+    Y = Y + _lane_xor(Y, lane, 1, XRED)
+    src = tl.arange(0, 4)[None, :] * 8  # lanes 0 / 8 / 16 hold |k|^2 / q.k / |q|^2
+    ev, od = tl.split(tl.reshape(_lane_pick(tl.broadcast_to(Y, [32, 4]), src, XRED), [32, 2, 2]))
+    kk, qq = tl.split(ev)
+    qk, _ = tl.split(od)
+    return tl.expand_dims(kk, 1), tl.expand_dims(qq, 1), tl.expand_dims(qk, 1)
+
+
+@triton.jit
+def _lane_scale(x, f, BK: tl.constexpr):
+    """``x`` (``[BK]``, the state's key layout) times the per-lane factor ``f`` (``[32, 1]``). Issue 4."""
+    return tl.reshape(tl.reshape(x, [32, BK // 32]) * f, [BK])
 
 
 @triton.jit
@@ -287,7 +309,7 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr,
                       FAST: tl.constexpr = False, XRED: tl.constexpr = 0, lane=None, m_vs=None,
-                      BK: tl.constexpr = 0, BV: tl.constexpr = 0):
+                      BK: tl.constexpr = 0, BV: tl.constexpr = 0, XNORM: tl.constexpr = False):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
     token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
@@ -301,7 +323,12 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
     reduce-scatter, so each lane ends with one column's ``k.S'`` and ``q.S'``; ``o_v`` / ``m_v`` are then
     ``[32, 1]`` (that column, its bound), ``v`` is loaded in that form, ``err`` goes back to every column
     by :func:`_xred_bcast`, and ``m_vs`` (one lane per column) masks the stores of ``o`` and of the
-    deferred records' ``v``. Same FP32 operations in the same order as ``XRED == 0``."""
+    deferred records' ``v``. Same FP32 operations in the same order as ``XRED == 0``. ``XNORM`` (the all-modes
+    binary with ``XRED``): ``|k|^2``, ``|q|^2`` and ``q.k`` as one reduce-scatter too (:func:`_xred_norms`): states
+    bit-identical, ``o`` equal to FP32 rounding (``q.k`` from the raw vectors). H200, 2026-12-02
+    (``2026-12-02-h200-verify_xnorm_{1,2}.json``): KDA T=4 snapshot windows B = 1 / 2 / 4 / 8 3.82 / 4.34 / 5.73-5.83 /
+    9.23-9.24 -> 3.62 / 4.13-4.14 / 5.61-5.75 / 9.14-9.16 us, while plain windows were 3-4 % slower with it (B = 1 / 2
+    3.03 / 3.48-3.49 -> 3.15 / 3.61), so the plain binary keeps three butterflies."""
     GK: tl.constexpr = 1 if GATE == 2 else K
     RW: tl.constexpr = K + GK + 1 + V
     for t in tl.static_range(T):
@@ -310,7 +337,18 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             # next token's loads go out before this token's dependent chain
             qn, kn, vn, fn, bn = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, n + 1, i_h, i_hv, H, HV, K, V, o_k, o_v,
                                                m_k, m_v, GATE)
-        if L2NORM:
+        if XNORM:
+            # |k|^2, |q|^2 and q.k as one reduce-scatter too (_xred_norms); q.k from the raw vectors
+            kk, qq, qkr = _xred_norms(q, k, lane, BK, XRED)
+            if L2NORM:
+                rq = tl.rsqrt(qq + 1e-6)
+                rk = tl.rsqrt(kk + 1e-6)
+                q = _lane_scale(q, rq, BK)
+                k = _lane_scale(k, rk, BK)
+                qkn = qkr * rq * rk * scale
+            else:
+                qkn = qkr * scale
+        elif L2NORM:
             q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
         q = q * scale
@@ -328,7 +366,10 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             else:
                 g = -A * _softplus(f + dtb)
             d = tl.exp(g)
-        qk = tl.sum(q * k, axis=0)
+        if XNORM:
+            qk = qkn
+        elif XRED:
+            qk = tl.sum(q * k, axis=0)
         if XRED:
             if GATE == 2:
                 Sd = S * d
@@ -340,6 +381,7 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             o = qs + (b * qk) * err
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_vs)
         else:
+            qk = tl.sum(q * k, axis=0)
             S, Sd, err = _delta_update(S, k, v, d, b)
             o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
@@ -673,4 +715,4 @@ def gated_delta_verify_wide_kernel(
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
                       DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
-                      BV)
+                      BV, XRED != 0 and not PLAIN)
