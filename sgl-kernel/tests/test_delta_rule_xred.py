@@ -149,6 +149,7 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     assert rec.xred_aligned(pool, None)
     assert not rec.xred_aligned(pool, torch.zeros(3 * 4100).as_strided((3, 2, 16, 128), (4100, 2048, 128, 1)))  # slot stride
     assert not rec.xred_aligned(torch.zeros(pool.numel() + 1)[1:].view(pool.shape))  # base 4 bytes past an aligned one
+    assert rec.xred_aligned(torch.zeros(3, 2, 16, 100)) and not rec.xred_aligned(torch.zeros(3, 2, 16, 102))  # row stride
 
     assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True) for b in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
     assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4)] == [2, 2, 4]

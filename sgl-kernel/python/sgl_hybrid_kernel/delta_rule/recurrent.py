@@ -328,7 +328,7 @@ def gated_delta_recurrent_triton(
             raise ValueError(f"xred must be 0, 1 or 2, got {xred!r}")
         if xr and not xred_shape_ok(state_layout, state.stride(3), K, BV, num_warps or 1, aligned):
             raise ValueError(f"xred={xr}: the one-warp kernel with one warp on a V-major pool with key stride 1, "
-                             f"65 <= K <= 128, 2 to 16 value columns and 16-aligned pool base / slot / head strides "
+                             f"65 <= K <= 128, 2 to 16 value columns and an aligned pool (recurrent.xred_aligned) "
                              f"(state_layout={state_layout!r}, K={K}, value_tile={BV}, num_warps={num_warps or 1}, "
                              f"aligned={aligned})")
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
@@ -393,8 +393,8 @@ def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile:
 def xred_shape_ok(state_layout: str, key_stride: int, head_k_dim: int, value_tile: int, num_warps: int,
                   aligned: bool = True) -> bool:
     """Whether the one-warp kernel's ``XRED`` serves this launch: a V-major pool with key stride 1 and a 128-key
-    tile (``65 <= K <= 128``), 2 to 16 value columns, one warp, and a pool (and snapshot pool) whose base address
-    and slot / head strides are multiples of 16 (``aligned``, :func:`xred_aligned`). Triton chooses the state
+    tile (``65 <= K <= 128``), 2 to 16 value columns, one warp, and aligned pools (``aligned``,
+    :func:`xred_aligned`: base, slot / head strides and row stride). Triton chooses the state
     tile's layout from these: only then are the 32 lanes on the keys with 4 consecutive keys per thread, which
     ``triton_recurrent._xred_pair``'s lane arithmetic assumes (other key widths or an unaligned pool put lanes on
     the columns; the compile gate's ``*_xred`` rows check the served configs). Issue 4."""
@@ -403,10 +403,13 @@ def xred_shape_ok(state_layout: str, key_stride: int, head_k_dim: int, value_til
 
 
 def xred_aligned(*pools: Optional[torch.Tensor]) -> bool:
-    """Whether every given pool (``None`` skipped) has a 16-byte aligned base and slot / head strides divisible
-    by 16, as the compile gate's ``*_xred`` rows assume (Triton specialises the launch on both)."""
-    return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0)
-               for t in pools)
+    """Whether every given V-major pool (``None`` skipped) has a 16-byte aligned base, slot / head strides divisible
+    by 16 (Triton specialises the launch on both, as the compile gate's ``*_xred`` rows assume) and a value-row
+    stride divisible by 4 (compiled in: rows 16-byte aligned). With any of them off a row's 4-key vectors are not
+    aligned and Triton lays the state tile out otherwise (checked by compiling here, e.g. a row stride of 98 or
+    102 floats)."""
+    return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0
+                             and t.stride(2) % 4 == 0) for t in pools)
 
 
 # CUDA archs on which the compile gate checks the XRED binaries' shuffled tiles (compile_gate: the *_xred rows)
