@@ -366,11 +366,11 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             else:
                 g = -A * _softplus(f + dtb)
             d = tl.exp(g)
-        if XNORM:
-            qk = qkn
-        elif XRED:
-            qk = tl.sum(q * k, axis=0)
         if XRED:
+            if XNORM:
+                qk = qkn
+            else:
+                qk = tl.sum(q * k, axis=0)
             if GATE == 2:
                 Sd = S * d
             else:
@@ -665,8 +665,9 @@ def gated_delta_verify_wide_kernel(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     if XRED:
-        # V-major pool, one warp: the state tile's layout then puts the 32 lanes on the keys, BK / 32
-        # consecutive keys per thread, which _xred_pair's lane arithmetic assumes
+        # V-major pool, one warp, a 128-key tile, an aligned pool (recurrent.xred_shape_ok): the state tile's layout
+        # then puts the 32 lanes on the keys, BK / 32 consecutive keys per thread, which _xred_pair's lane arithmetic
+        # assumes (the compile gate checks the compiled layouts)
         tl.static_assert(s_k == 1, "XRED: key stride 1 (V-major pool)")
         tl.static_assert(XRED != 1 or BK == 128, "XRED=1: a 128-key tile (recurrent.xred_shape_ok)")
         lane = tl.arange(0, 32)[:, None]
