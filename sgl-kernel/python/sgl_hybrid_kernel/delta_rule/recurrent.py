@@ -423,7 +423,9 @@ def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_di
     below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), on the
     archs of :data:`XRED_ARCHS` (those whose compiled shuffle layouts the compile gate checks: the lane arithmetic
     assumes Triton's layouts there), inside :func:`xred_shape_ok`. Decode, plain verify and every all-modes window
-    alike (the results are the same bits either way, so a window and its replays need not agree on it).
+    alike: states are the same bits either way (outputs too, except the all-modes binary's, which also takes the
+    norms by reduce-scatter and moves ``o`` by FP32 rounding: ``triton_recurrent._verify_per_token``'s ``XNORM``), so
+    a window and its replays need not agree on it.
 
     H200, 2026-12-02 (``2026-12-02-h200-verify_xred_*.json``, graph replay, states from HBM, ``8f58609``'s package in
     the same process, outputs and states bit-identical, every deferred / fused-replay check bit-exact), µs:
