@@ -99,20 +99,22 @@ def _nvidia_registers(ptx: str) -> tuple:
     return (int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else 0)
 
 
-def compile_config(cfg: KernelConfig, target: str) -> Report:
-    """Compile ``cfg`` for ``target`` (a key of ``TARGETS``) and read its resources."""
+def _compile(cfg: KernelConfig, target: str):
+    """``triton.compile`` of ``cfg`` for ``target`` (a key of ``TARGETS``), as the JIT would launch it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = list(inspect.signature(cfg.kernel.fn).parameters)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in cfg.divisible} or None
+    return triton.compile(ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
+                          target=GPUTarget(*TARGETS[target]), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def compile_config(cfg: KernelConfig, target: str) -> Report:
+    """Compile ``cfg`` for ``target`` (a key of ``TARGETS``) and read its resources."""
     try:
-        compiled = triton.compile(
-            ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
-            target=GPUTarget(*TARGETS[target]),
-            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-        )
+        compiled = _compile(cfg, target)
     except Exception as exc:  # report, do not hide: the gate fails on it
         return Report(cfg.name, target, 0, None, 0, None, error=f"{type(exc).__name__}: {str(exc)[:200]}", budget=cfg.lds_budget)
     shared = int(compiled.metadata.shared)
@@ -171,15 +173,7 @@ def shuffle_layout_error(ttgir: str) -> Optional[str]:
 def compiled_asm(config_name: str, target: str = "sm90") -> Dict[str, str]:
     """The compiled kernel's ``asm`` dict (``ttgir``, ``ptx`` / ``amdgcn``, ...) of the config named
     ``config_name`` (for tests of what Triton made of a kernel)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    cfg = next(c for c in kernel_configs() if c.name == config_name)
-    names = list(inspect.signature(cfg.kernel.fn).parameters)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in cfg.divisible} or None
-    compiled = triton.compile(ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
-                              target=GPUTarget(*TARGETS[target]), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    compiled = _compile(next(c for c in kernel_configs() if c.name == config_name), target)
     return {k: v for k, v in compiled.asm.items() if isinstance(v, str)}
 
 
