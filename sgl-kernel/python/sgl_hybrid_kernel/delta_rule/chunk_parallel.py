@@ -138,6 +138,7 @@ class ChunkLaunch:
     intra_a_stacked: bool = False
     intra_arow_warps: int = 0
     intra_diag_inv: bool = False
+    intra_diag_inv_x3: bool = False
     intra_a_rowspec: bool = False
     intra_a_direct: bool = False
     intra_aqk_tf32: bool = False
@@ -265,7 +266,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         diag_inv = stacked and launch.intra_inv and launch.intra_diag_inv
         if stacked:
             a_part = (chunk_intra_arow_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
-                                                    KD=min(launch.intra_a_kd, BK), APREC=aprec, DIAG_INV=diag_inv,
+                                                    KD=min(launch.intra_a_kd, BK), APREC=aprec,
+                                                    DIAG_INV=(2 if diag_inv and launch.intra_diag_inv_x3 and aprec == "tf32x3"
+                                                              else diag_inv),
                                                     FAST_EXP=launch.fast_exp and not interpret,
                                                     ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct,
                                                     SPLITQ=_splitq(launch, kind, lower_bound, tf32),
@@ -291,7 +294,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         }
         if launch.intra_inv:
             intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv,
-                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3"),
+                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3",
+                                                               DIAG_X3=not diag_inv and launch.intra_diag_inv_x3
+                                                               and aprec == "tf32x3"),
                                   launch.intra_inv_warps if diag_inv else (launch.intra_inv_warps_diag or launch.intra_inv_warps), ())
     else:
         intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,

@@ -562,6 +562,7 @@ def chunk_intra_inv_kernel(
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # the diagonal blocks at a_ptr already hold M_ii (chunk_intra_arow_kernel)
     CHAIN: tl.constexpr = False,  # APREC "tf32x3" as chained TF32 products on operands split once (_block_inverse)
+    DIAG_X3: tl.constexpr = False,  # without DIAG_INV: M_ii by _tril_inverse_16_x3 (3xTF32) instead of FP32 FMA
 ):
     """Split in-chunk step, inverse only (BT = 4 BC): grid (chunks, HV); all ten ``[BC, BC]`` blocks of
     the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
@@ -581,7 +582,7 @@ def chunk_intra_inv_kernel(
         _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC, APREC, DIAG_INV,
-        CHAIN)
+        CHAIN, DIAG_X3)
     _store_lower(m_ptr, M00, M10, M11, M20, M21, M22, M30, M31, M32, M33, o_c, T, i_hv, HV, BT, BC)
 
 
@@ -604,14 +605,35 @@ def _dot3(a, b, acc):
 
 
 @triton.jit
+def _tril_inverse_16_x3(A, BC: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower-triangular ``[BC, BC]`` block (``BC <= 16``, FP32) as
+    ``(I - A)(I + A^2)(I + A^4)(I + A^8)``: :func:`triton_chunk._tril_inverse_16`'s repeated squaring with
+    each of the six products as three chained TF32 tensor-core products (:func:`_dot3`, FP32 accumulation)
+    instead of FP32 FMA; ``X (I + P)`` is formed as ``X + X P``."""
+    r = tl.arange(0, BC)
+    inv = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - A
+    P = _dot3(A, A, tl.zeros([BC, BC], dtype=tl.float32))
+    inv = _dot3(inv, P, inv)
+    P = _dot3(P, P, tl.zeros([BC, BC], dtype=tl.float32))
+    inv = _dot3(inv, P, inv)
+    P = _dot3(P, P, tl.zeros([BC, BC], dtype=tl.float32))
+    return _dot3(inv, P, inv)
+
+
+@triton.jit
 def _block_inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.constexpr, APREC: tl.constexpr,
-                   DIAG_INV: tl.constexpr = False, CHAIN: tl.constexpr = False):
+                   DIAG_INV: tl.constexpr = False, CHAIN: tl.constexpr = False, DIAG_X3: tl.constexpr = False):
     """The ten lower ``[BC, BC]`` blocks of ``M = (I + A)^-1`` (``BT = 4 BC``) from those of the strictly
     lower ``A``: ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE; with ``DIAG_INV`` the diagonal
     arguments already are ``M_ii``), ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj`` (``APREC``: FP32 inputs and
     accumulation)."""
     if DIAG_INV:
         M00, M11, M22, M33 = A00, A11, A22, A33
+    elif DIAG_X3:
+        M00 = _tril_inverse_16_x3(A00, BC)
+        M11 = _tril_inverse_16_x3(A11, BC)
+        M22 = _tril_inverse_16_x3(A22, BC)
+        M33 = _tril_inverse_16_x3(A33, BC)
     else:
         M00 = _tril_inverse_16(A00, BC)
         M11 = _tril_inverse_16(A11, BC)
@@ -807,7 +829,10 @@ def _ab_store_pair(Akk, Aq, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr
         Akk = tl.where(t[:, None] > s[None, :], Akk, 0.0)
         if DIAG_INV:
             if i == j:
-                Akk = _tril_inverse_16(Akk, BC)
+                if DIAG_INV == 2:
+                    Akk = _tril_inverse_16_x3(Akk, BC)
+                else:
+                    Akk = _tril_inverse_16(Akk, BC)
         _sblk(a_ptr, Akk, i, j, o_c, T, i_hv, HV, BT, BC)
     else:
         if A_UPPER:

@@ -1,0 +1,70 @@
+"""Whether the chunk-64 state pass gives the shipped table's outputs with other pipelining stages or tiles
+(issue 4).
+
+Run on a CUDA device::
+
+    PYTHONPATH=sgl-kernel/python python3 benchmark/kernels/check_state_stages.py 2x1024 table,fst1,fst2,nofuse
+
+It prints each variant's relative difference (outputs, final states) to the first one; Kimi K3 TP8 shapes
+(12 KDA heads x 128), BF16 scratch. On the H200 (Triton 3.6) the state pass with one pipelining stage gives
+wrong results and reads shared memory out of bounds under compute-sanitizer (a miscompile; the sm_90 table
+runs 3-4 stages): ``benchmark/results/2026-12-02-h200-state_stages_check.txt``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+
+from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
+from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+from sgl_hybrid_kernel.platform import device_platform
+
+# launch-table overrides by name: fused KDA state pass on 1 / 2 stages, at 16 columns, and unfused
+VARIANTS = dict(
+    table={},
+    fst1=dict(state_stages_fused=1),
+    fst2=dict(state_stages_fused=2),
+    fbv16=dict(fuse_output_kda_bv=(16,), state_bv_costs=((16, 1.0),)),
+    fbv16st1=dict(fuse_output_kda_bv=(16,), state_bv_costs=((16, 1.0),), state_stages_fused=1),
+    nofuse=dict(fuse_output_kda_bv=()),
+    nofuse_st1=dict(fuse_output_kda_bv=(), state_stages=1, state_stages_lowp=1),
+)
+
+
+def main():
+    dev = "cuda"
+    key = device_platform(torch.device(dev)).key
+    base = cp.device_chunk_launch(torch.device(dev))
+    B, T = (int(x) for x in sys.argv[1].split("x"))
+    names = sys.argv[2].split(",")
+    H, K, V, N = 12, 128, 128, B * T
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(N, H, d, device=dev, dtype=torch.bfloat16) for d in (K, K, V))
+    f = torch.randn(N, H, K, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(N, H, device=dev, dtype=torch.bfloat16)
+    A, dtb = torch.rand(H, device=dev), torch.randn(H * K, device=dev)
+    cu = torch.arange(0, N + 1, T, device=dev, dtype=torch.int32)
+    pool0 = torch.randn(B, H, K, V, device=dev) * 0.1
+    idx = torch.arange(B, device=dev, dtype=torch.int32)
+    ref = None
+    try:
+        for name in names:
+            cp.CHUNK_LAUNCH[key] = dataclasses.replace(base, **VARIANTS[name])
+            pool = pool0.clone()
+            o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=-5.0,
+                                         method="parallel", tf32=True, scratch_dtype=torch.bfloat16,
+                                         group_scan=False).float()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = (o, pool.clone())
+            do = ((o - ref[0]).norm() / ref[0].norm()).item()
+            ds = ((pool - ref[1]).norm() / ref[1].norm()).item()
+            print(name, f"o vs first {do:.2e} state vs first {ds:.2e} nan {bool(o.isnan().any())}", flush=True)
+    finally:
+        cp.CHUNK_LAUNCH[key] = base
+
+
+if __name__ == "__main__":
+    main()
