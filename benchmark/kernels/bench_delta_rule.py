@@ -845,11 +845,12 @@ CHUNK_STATE_VARIANTS = [
     ("cumsum_fixup_exp", dict(cumsum_fast_exp=False)),
     # seventeenth round (issue 4): the fused KDA state pass on fewer pipelining stages (1 stage: 64 KB of shared
     # memory, two programs per SM instead of one) and on 16-column tiles
+    # (1 stage: wrong results under the H200's Triton 3.6, see check_state_stages.py; the 3xTF32 diagonal
+    # inverses in the inverse launch instead of the A programs were slower: commit fe51bae)
     ("fst2", dict(state_stages_fused=2)),
     ("fbv16_st2", dict(fuse_output_kda_bv=(16,), state_bv_costs=((16, 1.0),), state_stages_fused=2)),
-    ("diag_x3", dict(intra_diag_inv_x3=True)),
-    ("diag_x3_in_inv", dict(intra_diag_inv_x3=True, intra_diag_inv=False)),
-    ("diag_x3_in_inv_w2", dict(intra_diag_inv_x3=True, intra_diag_inv=False, intra_inv_warps_diag=2)),
+    # the A programs' diagonal inverses as FP32 FMA products, as before (intra_diag_inv_x3 is the sm_90 default)
+    ("diag_ieee", dict(intra_diag_inv_x3=False)),
     # fourteenth round (issue 4): gate cumsum channel blocks / warps (the merged inverse, the 8-warp fused
     # KDA state pass and the register caps of that round were taken back: commits eddf5ea, 5d4d286; docs/kernels.md)
     ("cs128", dict(cumsum_bk=128)),
@@ -1204,9 +1205,7 @@ GDN_PREFILL_VARIANTS = [
     # and on 2 pipelining stages
     ("nofuse", dict(fuse_output_gdn=False)),
     ("fuse_st2", dict(state_stages_fused=2)),
-    ("diag_x3", dict(intra_diag_inv_x3=True)),
-    ("diag_x3_in_inv", dict(intra_diag_inv_x3=True, intra_diag_inv=False)),
-    ("diag_x3_in_inv_w2", dict(intra_diag_inv_x3=True, intra_diag_inv=False, intra_inv_warps_diag=2)),
+    ("diag_ieee", dict(intra_diag_inv_x3=False)),
     # (A / Aqk of a whole chunk per program as k k^T and q k^T, the diagonal inverses left to the inverse
     # launch: A build 839 -> 657 us on 8 warps, inverse 308 -> 1,069 us at B=1 T=32K; removed, see
     # benchmark/results/2026-11-30-h200-gdn_prefill_whole_chunk_attempt.json)

@@ -16,7 +16,8 @@ from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.naive import naive_recurrent_kda
 
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
-from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import _tf32_split
+from sgl_hybrid_kernel.delta_rule.triton_chunk import _tril_inverse_16
+from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import _tf32_split, _tril_inverse_16_x3
 from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.kda import kda_gate
@@ -106,7 +107,8 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     computed there, ``intra_diag_inv``: bounded KDA gate and GDN, the unbounded gate keeps the
     plain form; ``stacked_bf16qk``: q / k given as BF16, which for GDN takes the single exact TF32
     product instead of 3xTF32; ``stacked_rowspec``: one code path per row block, column factors
-    ``e^{G_r - G_s}`` in one exponential, the inverse's merges as chained 3xTF32, as the sm_90 table), and the output
+    ``e^{G_r - G_s}`` in one exponential, the inverse's merges and (with 3xTF32) the diagonal inverses as chained 3xTF32,
+    as the sm_90 table), and the output
     step's ``(q e^G) h_c`` over key blocks of 16 / 32 (norm factor, scale and GDN decay applied to
     the accumulated block) or in one piece: same results as fla's naive recurrences, checkpoints
     included."""
@@ -132,7 +134,7 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
                          intra_inv=intra in ("split_inv", "stacked", "stacked_rowspec"), intra_a_kd=16, output_kd=okd, output_stages=2,
                          intra_a_stacked=intra.startswith("stacked"), intra_diag_inv=intra in ("stacked", "stacked_rowspec"),
                          intra_a_rowspec=intra == "stacked_rowspec", intra_a_direct=intra == "stacked_rowspec",
-                         intra_inv_chain=intra == "stacked_rowspec")
+                         intra_inv_chain=intra == "stacked_rowspec", intra_diag_inv_x3=intra == "stacked_rowspec")
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
                                    kind, lower_bound, K ** -0.5, True, "kv", [(0, 48, 0), (1, 33, 1)], ck, lens,
@@ -424,6 +426,48 @@ def _split_kernel(x_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
     hi, lo = _tf32_split(tl.load(x_ptr + o))
     tl.store(hi_ptr + o, hi)
     tl.store(lo_ptr + o, lo)
+
+
+@triton.jit
+def _tril_inverse_kernel(a_ptr, o_ptr, X3: tl.constexpr):
+    r = tl.arange(0, 16)
+    offs = r[:, None] * 16 + r[None, :]
+    A = tl.load(a_ptr + offs)
+    tl.store(o_ptr + offs, _tril_inverse_16_x3(A, 16) if X3 else _tril_inverse_16(A, 16))
+
+
+@pytest.mark.parametrize("x3", [False, True])
+def test_diagonal_block_inverse_matches_fp64(x3):
+    """``(I + A)^-1`` of a strictly lower 16x16 block as the ``A`` programs store it (``intra_diag_inv``):
+    the FP32 FMA repeated squaring and its 3xTF32 form (``intra_diag_inv_x3``, the sm_90 table; exact
+    products in the interpreter, so this checks the algebra of ``(I - A)(I + A^2)(I + A^4)(I + A^8)``
+    built as ``X + X P``; the TF32 rounding is bounded on the H200 by ``bench_delta_rule.py``) against
+    ``torch.linalg.inv`` in FP64, for entries of the size ``beta k_i . k_j e^{..}`` takes (|.| <= 1): one
+    block of either sign and one of negative entries, whose inverse grows past 100."""
+    gen = torch.Generator().manual_seed(5)
+    for lo, hi in ((-0.3, 0.3), (-1.0, 0.0)):
+        A = torch.tril(lo + (hi - lo) * torch.rand(16, 16, generator=gen), diagonal=-1)
+        out = torch.full((16, 16), NAN)
+        _tril_inverse_kernel[(1,)](A, out, X3=x3)
+        ref = torch.linalg.inv(torch.eye(16, dtype=torch.float64) + A.double())
+        assert float((out.double() - ref).norm() / ref.norm()) < 1e-6
+        assert torch.equal(torch.triu(out, diagonal=1), torch.zeros(16, 16))
+    assert float(ref.abs().max()) > 100.0  # the second block's inverse is far from I - A
+
+
+def test_sm90_a_programs_take_the_3xtf32_diagonal_inverse_only_with_tf32x3_products():
+    """``launch_params`` passes ``DIAG_INV=2`` (3xTF32 inverses) to the stacked ``A`` programs of the sm_90
+    table with TF32 products, plain ``True`` (FP32 FMA) without TF32, and the inverse launch only reads them."""
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+
+    launch = CHUNK_LAUNCH[("sm90", 132)]
+    assert launch.intra_diag_inv and launch.intra_diag_inv_x3
+    for kind, H, HV in ((GATE_KDA_SAFE, 12, 12), (GATE_GDN, 16, 48)):
+        on = launch_params(launch, kind, H, HV, 128, 128, -5.0, True, True, False)
+        off = launch_params(launch, kind, H, HV, 128, 128, -5.0, True, False, False)
+        assert on["intra_a"][1]["DIAG_INV"] == 2 and on["intra_inv"][1]["DIAG_INV"] is True
+        assert off["intra_a"][1]["DIAG_INV"] is True and off["intra_a"][1]["APREC"] == "ieee"
 
 
 def test_tf32_split_gives_an_exact_tf32_high_part():

@@ -77,6 +77,11 @@ class ChunkLaunch:
     ``intra_diag_inv`` (with ``intra_a_stacked`` and ``intra_inv``): the 16x16 diagonal inverses
     ``(I + A_ii)^-1`` computed by the stacked ``A`` programs (one per row block, stored in place of
     ``A_ii``), so the inverse launch only merges the off-diagonal blocks;
+    ``intra_diag_inv_x3`` (with ``intra_diag_inv`` and ``tf32x3`` products): those diagonal inverses' six
+    repeated-squaring products as three chained TF32 tensor-core products each
+    (``triton_chunk_parallel._tril_inverse_16_x3``) instead of FP32 FMA products, which a one-warp program
+    fed through shared memory (H200, 2026-12-02: ``A`` programs B=8 T=16K 1,899 -> 1,877 us, B=1 T=64K
+    828 -> 785, GDN B=1 T=32K 876 -> 739; the same inverses in the inverse launch instead were slower);
     ``intra_a_rowspec`` (stacked only): the ``A`` programs branch once on their row block into one of
     four copies of the body, whose column-block tests are then static (straight-line code, the row
     operand kept in registers); ``intra_a_direct`` (stacked, KDA): each pair's columns as
@@ -179,7 +184,7 @@ class ChunkLaunch:
 # a table timed on one part must not silently apply to a part with another CU count.
 CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
-                               intra_a_stages=3, intra_a_stacked=True, intra_diag_inv=True, fast_exp=True, cumsum_fast_exp=True, intra_inv=True,
+                               intra_a_stages=3, intra_a_stacked=True, intra_diag_inv=True, intra_diag_inv_x3=True, fast_exp=True, cumsum_fast_exp=True, intra_inv=True,
                                intra_a_rowspec=True, intra_a_direct=True, intra_inv_chain=True, intra_inv_lowp=True,
                                intra_arow_warps=1, intra_inv_warps=2, intra_inv_warps_diag=4, intra_solve_warps=4,
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
@@ -294,9 +299,7 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         }
         if launch.intra_inv:
             intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv,
-                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3",
-                                                               DIAG_X3=not diag_inv and launch.intra_diag_inv_x3
-                                                               and aprec == "tf32x3"),
+                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3"),
                                   launch.intra_inv_warps if diag_inv else (launch.intra_inv_warps_diag or launch.intra_inv_warps), ())
     else:
         intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,

@@ -562,7 +562,6 @@ def chunk_intra_inv_kernel(
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # the diagonal blocks at a_ptr already hold M_ii (chunk_intra_arow_kernel)
     CHAIN: tl.constexpr = False,  # APREC "tf32x3" as chained TF32 products on operands split once (_block_inverse)
-    DIAG_X3: tl.constexpr = False,  # without DIAG_INV: M_ii by _tril_inverse_16_x3 (3xTF32) instead of FP32 FMA
 ):
     """Split in-chunk step, inverse only (BT = 4 BC): grid (chunks, HV); all ten ``[BC, BC]`` blocks of
     the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
@@ -582,7 +581,7 @@ def chunk_intra_inv_kernel(
         _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC), BC, APREC, DIAG_INV,
-        CHAIN, DIAG_X3)
+        CHAIN)
     _store_lower(m_ptr, M00, M10, M11, M20, M21, M22, M30, M31, M32, M33, o_c, T, i_hv, HV, BT, BC)
 
 
@@ -622,18 +621,13 @@ def _tril_inverse_16_x3(A, BC: tl.constexpr):
 
 @triton.jit
 def _block_inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, BC: tl.constexpr, APREC: tl.constexpr,
-                   DIAG_INV: tl.constexpr = False, CHAIN: tl.constexpr = False, DIAG_X3: tl.constexpr = False):
+                   DIAG_INV: tl.constexpr = False, CHAIN: tl.constexpr = False):
     """The ten lower ``[BC, BC]`` blocks of ``M = (I + A)^-1`` (``BT = 4 BC``) from those of the strictly
     lower ``A``: ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE; with ``DIAG_INV`` the diagonal
     arguments already are ``M_ii``), ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj`` (``APREC``: FP32 inputs and
     accumulation)."""
     if DIAG_INV:
         M00, M11, M22, M33 = A00, A11, A22, A33
-    elif DIAG_X3:
-        M00 = _tril_inverse_16_x3(A00, BC)
-        M11 = _tril_inverse_16_x3(A11, BC)
-        M22 = _tril_inverse_16_x3(A22, BC)
-        M33 = _tril_inverse_16_x3(A33, BC)
     else:
         M00 = _tril_inverse_16(A00, BC)
         M11 = _tril_inverse_16(A11, BC)
@@ -796,7 +790,8 @@ def _ab_store(X, i, j: tl.constexpr, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T,
     """Finish and store block pair ``(i, j)`` of a stacked ``[2 BC, BC]`` accumulator: ``A`` (row factor
     ``rk_i`` = norm x beta) and ``Aqk`` (``rq_i`` = norm x scale) times the column norms (from the
     sums of squares ``sc_j``), GDN's decay matrix, masked strict / causal by token (blocks ``j > i``: as
-    :func:`_ab_store_pair` says); with ``DIAG_INV`` the diagonal block is stored as ``(I + A_ii)^-1`` (repeated squaring, IEEE)."""
+    :func:`_ab_store_pair` says); with ``DIAG_INV`` the diagonal block is stored as ``(I + A_ii)^-1`` (repeated squaring:
+    FP32 FMA products, or 3xTF32 ones with ``DIAG_INV == 2``, :func:`_tril_inverse_16_x3`)."""
     Akk, Aq = tl.split(tl.permute(tl.reshape(X, (2, BC, BC)), (1, 2, 0)))
     _ab_store_pair(Akk, Aq, i, j, rk_i, rq_i, sc_j, g_ptr, aqk_ptr, a_ptr, T, i_hv, HV, BT, BC, GATE, L2NORM, DIAG_INV, A_UPPER, Q_UPPER)
 
@@ -862,7 +857,7 @@ def chunk_intra_arow_kernel(
     L2NORM: tl.constexpr,
     KD: tl.constexpr,
     APREC: tl.constexpr = "ieee",
-    DIAG_INV: tl.constexpr = False,  # store the diagonal block as (I + A_ii)^-1 (for chunk_intra_inv_kernel's DIAG_INV)
+    DIAG_INV: tl.constexpr = False,  # store the diagonal block as (I + A_ii)^-1 (for chunk_intra_inv_kernel's DIAG_INV); 2: by 3xTF32 products
     FAST_EXP: tl.constexpr = False,  # CUDA: _fexp without the denormal fix-up
     ROWSPEC: tl.constexpr = False,  # one code path per row block (ChunkLaunch.intra_a_rowspec)
     DIRECT: tl.constexpr = False,  # column factors e^{G_r - G_s} per pair (ChunkLaunch.intra_a_direct)
