@@ -21,6 +21,8 @@ from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 from sgl_hybrid_kernel.platform import device_platform
 
+from prof_chunk_prefill import kimi_k3_prefill_inputs  # noqa: E402 (beside this script)
+
 # launch-table overrides by name: fused KDA state pass on 1 / 2 stages, at 16 columns, and unfused
 VARIANTS = dict(
     table={},
@@ -39,15 +41,7 @@ def main():
     base = cp.device_chunk_launch(torch.device(dev))
     B, T = (int(x) for x in sys.argv[1].split("x"))
     names = sys.argv[2].split(",")
-    H, K, V, N = 12, 128, 128, B * T
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(N, H, d, device=dev, dtype=torch.bfloat16) for d in (K, K, V))
-    f = torch.randn(N, H, K, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(N, H, device=dev, dtype=torch.bfloat16)
-    A, dtb = torch.rand(H, device=dev), torch.randn(H * K, device=dev)
-    cu = torch.arange(0, N + 1, T, device=dev, dtype=torch.int32)
-    pool0 = torch.randn(B, H, K, V, device=dev) * 0.1
-    idx = torch.arange(B, device=dev, dtype=torch.int32)
+    q, k, v, f, b, A, dtb, cu, pool0, idx = kimi_k3_prefill_inputs(B, T, dev)
     ref = None
     try:
         for name in names:

@@ -21,14 +21,11 @@ from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 LB = -5.0
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", default="1x65536", help="BxT")
-    ap.add_argument("--fla", action="store_true", help="also profile fla's chunk_kda")
-    args = ap.parse_args()
-    B, T = (int(x) for x in args.shape.split("x"))
+def kimi_k3_prefill_inputs(B: int, T: int, dev: str = "cuda"):
+    """``(q, k, v, f, b, A_log, dt_bias, cu_seqlens, state_pool, state_indices)`` of a Kimi K3 TP8 prefill
+    (12 KDA heads x 128, BF16 activations) of ``B`` sequences of ``T`` tokens, seed 0; the pool holds one
+    FP32 slot per sequence."""
     H, K, V, N = 12, 128, 128, B * T
-    dev = "cuda"
     torch.manual_seed(0)
     q, k, v = (torch.randn(N, H, d, device=dev, dtype=torch.bfloat16) for d in (K, K, V))
     f = torch.randn(N, H, K, device=dev, dtype=torch.bfloat16)
@@ -37,6 +34,17 @@ def main():
     cu = torch.arange(0, N + 1, T, device=dev, dtype=torch.int32)
     pool = torch.randn(B, H, K, V, device=dev) * 0.1
     idx = torch.arange(B, device=dev, dtype=torch.int32)
+    return q, k, v, f, b, A, dtb, cu, pool, idx
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="1x65536", help="BxT")
+    ap.add_argument("--fla", action="store_true", help="also profile fla's chunk_kda")
+    args = ap.parse_args()
+    B, T = (int(x) for x in args.shape.split("x"))
+    H, K, V, N = 12, 128, 128, B * T
+    q, k, v, f, b, A, dtb, cu, pool, idx = kimi_k3_prefill_inputs(B, T)
 
     def ours():
         return gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB,
