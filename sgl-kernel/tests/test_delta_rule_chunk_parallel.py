@@ -439,9 +439,9 @@ def _tril_inverse_kernel(a_ptr, o_ptr, X3: tl.constexpr):
 @pytest.mark.parametrize("x3", [False, True])
 def test_diagonal_block_inverse_matches_fp64(x3):
     """``(I + A)^-1`` of a strictly lower 16x16 block as the ``A`` programs store it (``intra_diag_inv``):
-    the FP32 FMA repeated squaring and its 3xTF32 form (``intra_diag_inv_x3``, the sm_90 table; exact
-    products in the interpreter, so this checks the algebra of ``(I - A)(I + A^2)(I + A^4)(I + A^8)``
-    built as ``X + X P``; the TF32 rounding is bounded on the H200 by ``bench_delta_rule.py``) against
+    the FP32 FMA repeated squaring and its 3xTF32 form (``intra_diag_inv_x3``, the sm_90 table; FP32
+    products without TF32 rounding in the interpreter, so this checks the algebra of
+    ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` built as ``X + X P``; the TF32 rounding is bounded on the H200 by ``bench_delta_rule.py``) against
     ``torch.linalg.inv`` in FP64, for entries of the size ``beta k_i . k_j e^{..}`` takes (|.| <= 1): one
     block of either sign and one of negative entries, whose inverse grows past 100."""
     gen = torch.Generator().manual_seed(5)
