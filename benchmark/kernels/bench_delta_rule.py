@@ -851,11 +851,10 @@ CHUNK_STATE_VARIANTS = [
     ("fbv16_st2", dict(fuse_output_kda_bv=(16,), state_bv_costs=((16, 1.0),), state_stages_fused=2)),
     # the A programs' diagonal inverses as FP32 FMA products, as before (intra_diag_inv_x3 is the sm_90 default)
     ("diag_ieee", dict(intra_diag_inv_x3=False)),
-    # q e^G for the fused KDA output written by the w / u programs (which hold e^G already) instead of the A
-    # programs; the inverse launch on one warp per program
-    ("qeg_solve", dict(qeg_in_solve=True)),
+    # the inverse launch on one warp per program (H200, Triton 3.6: 307 -> 256 us at B=8 T=16K; spills 28 B
+    # under Triton 3.8, so not in the table); q e^G written by the w / u programs instead of the A programs
+    # was slower (net +181 us: commit 2350d82, taken back)
     ("inv_w1", dict(intra_inv_warps=1)),
-    ("qeg_solve_inv_w1", dict(qeg_in_solve=True, intra_inv_warps=1)),
     # fourteenth round (issue 4): gate cumsum channel blocks / warps (the merged inverse, the 8-warp fused
     # KDA state pass and the register caps of that round were taken back: commits eddf5ea, 5d4d286; docs/kernels.md)
     ("cs128", dict(cumsum_bk=128)),

@@ -152,7 +152,6 @@ class ChunkLaunch:
     intra_inv_chain: bool = False
     intra_inv_lowp: bool = False
     fast_exp: bool = False
-    qeg_in_solve: bool = False
     cumsum_fast_exp: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
@@ -284,8 +283,7 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                     A_UPPER=not launch.intra_inv, Q_UPPER=fuse_output,
                                                     # without RQ the pointers are None constexprs: the binary is unchanged
                                                     RQ=fuse_output, **({} if fuse_output else {"rq_ptr": None}),
-                                                    **({} if fuse_output and kind != GATE_GDN and not launch.qeg_in_solve
-                                                       else {"qeg_ptr": None})))
+                                                    **({} if fuse_output and kind != GATE_GDN else {"qeg_ptr": None})))
         else:
             a_part = (chunk_intra_a_kernel, dict(H=H, HV=HV, K=K, BK=BK, BT=BT, BC=BC, GATE=kind, L2NORM=l2norm,
                                                  FACTORIZED=factorized, KB=min(launch.intra_kb, BK),
@@ -296,9 +294,7 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                  if _splitq(launch, kind, lower_bound, tf32) else launch.intra_a_stages),
             "intra_solve": (chunk_intra_solve_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC, KD=kd,
                                                            APREC=aprec, INV=launch.intra_inv,
-                                                           LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0,
-                                                           # KDA's q e^G for the fused output (else the A programs write it)
-                                                           QEG=fuse_output and kind != GATE_GDN and launch.qeg_in_solve),
+                                                           LOWP=(2 if interpret else 1) if launch.intra_solve_lowp else 0),
                             launch.intra_solve_warps, ()),
         }
         if launch.intra_inv:
@@ -561,8 +557,7 @@ def gated_delta_chunk_parallel(
         a_rows = torch.empty(N, HV, BT, dtype=torch.float32, device=dev)  # strict rows of A, FP32
         kern, cx, nw, grid, ns = p["intra_a"]
         kern[(NC, HV) + grid](q, k, b, G, aqk, a_rows, cu_seqlens, cidx, scale, **cx, num_warps=nw, num_stages=ns,
-                              **({"rq_ptr": rq} if rq is not None else {}),
-                              **({"qeg_ptr": qeg} if qeg is not None and "qeg_ptr" not in cx else {}))
+                              **({"rq_ptr": rq} if rq is not None else {}), **({"qeg_ptr": qeg} if qeg is not None else {}))
         m_rows = a_rows  # the inverse's rows: over A (FP32), or the 16-bit scratch that w / u round M to anyway
         if "intra_inv" in p:
             if launch.intra_inv_lowp and launch.intra_solve_lowp and sd.itemsize == 2:
@@ -570,8 +565,7 @@ def gated_delta_chunk_parallel(
             kern, cx, nw, grid = p["intra_inv"]
             kern[(NC, HV)](a_rows, m_rows, cu_seqlens, cidx, **cx, num_warps=nw)
         kern, cx, nw, grid = p["intra_solve"]
-        kern[(NC, HV)](k, v, b, G, m_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw,
-                       **({"q_ptr": q, "qeg_ptr": qeg} if cx["QEG"] else {}))
+        kern[(NC, HV)](k, v, b, G, m_rows, w, u, kg, cu_seqlens, cidx, **cx, num_warps=nw)
 
     def strides(t):
         s0, s1, s2, s3 = t.stride()

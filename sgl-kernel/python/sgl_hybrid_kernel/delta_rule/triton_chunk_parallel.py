@@ -488,9 +488,6 @@ def chunk_intra_solve_kernel(
     APREC: tl.constexpr = "ieee",
     INV: tl.constexpr = False,  # a_ptr already holds the finished inverse M (chunk_intra_inv_kernel)
     LOWP: tl.constexpr = 0,  # w / u products with M and their right operands rounded to the scratch dtype (_rdot)
-    q_ptr=None,  # [N, H, K] raw q (read only with QEG; None otherwise: no argument compiled)
-    qeg_ptr=None,  # out [N, HV, K] q e^G (raw q; scratch dtype) for the fused KDA output (QEG)
-    QEG: tl.constexpr = False,  # KDA: write q e^G here instead of in the A programs (ChunkLaunch.qeg_in_solve)
 ):
     """Split in-chunk step, part 2: grid (chunks, HV); ``M = (I + A)^-1`` by the same block forward
     substitution as the fused kernel (diagonal blocks read straight from the FP32 ``A``), or with
@@ -511,9 +508,6 @@ def chunk_intra_solve_kernel(
         g_ptr = g_ptr + t0 * HV
     else:
         g_ptr = g_ptr + t0 * (HV * K)
-    if QEG:
-        q_ptr = q_ptr + t0 * (H * K)
-        qeg_ptr = qeg_ptr + t0 * (HV * K)
     o_t = tl.arange(0, BT)
     m_t = o_t < T
     tokc = tl.minimum(o_t, T - 1)
@@ -524,7 +518,7 @@ def chunk_intra_solve_kernel(
         M = _solve_rows(a_ptr, o_t, o_c, T, i_hv, HV, BT, BC, APREC)
     rn_all = _rnorm(k_ptr, o_t, m_t, i_h, H, K, BK, KD, L2NORM)
     _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, 0, T, 0, o_t, tokc, m_t, rn_all, i_h, i_hv,
-             0, V, 0, BK, H, HV, K, V, BV, BT, GATE, KD, TF32, LOWP, q_ptr, qeg_ptr, QEG)
+             0, V, 0, BK, H, HV, K, V, BV, BT, GATE, KD, TF32, LOWP)
 
 
 @triton.jit
@@ -894,7 +888,7 @@ def chunk_intra_arow_kernel(
     if RQ:
         t0r, _Tr = _chunk_start(cu_ptr, cidx_ptr, tl.program_id(0), BT)
         rq_ptr = rq_ptr + t0r * HV
-        if SPLITQ and qeg_ptr is not None:
+        if SPLITQ:
             qeg_ptr = qeg_ptr + t0r * (HV * K)
     T, q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr = _a_rows_start(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, cu_ptr,
                                                                   cidx_ptr, H, HV, K, BT, GATE)
@@ -969,7 +963,7 @@ def _arow_block_splitq(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv,
         ef = _fexp(_tile(g_ptr, tl.minimum(o_t, T - 1), m_i | ~m_i, i_hv, HV, K, kd, KD) - Gr[None, :], FAST_EXP)
         kh, kl = _tf32_split(kr * ef)
         qx = qr * ef
-        if QEG and qeg_ptr is not None:
+        if QEG:
             tl.store(qeg_ptr + (o_t[:, None] * HV + i_hv) * K + o_d[None, :],
                      (qx * _fexp(Gr, FAST_EXP)[None, :]).to(qeg_ptr.dtype.element_ty), mask=m_i[:, None] & (o_d < K)[None, :])
         kt, E, sc = _ab_cols(k_ptr, g_ptr, 0, kd, T, i_h, i_hv, H, HV, K, KD, BC, 1, FAST_EXP, DIRECT)
@@ -1049,10 +1043,9 @@ def _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv
 def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok, tokc, m_t, rn_all, i_h, i_hv,
              v_lo, v_hi, k_lo, k_hi, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              BV: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, KD: tl.constexpr, TF32: tl.constexpr,
-             LOWP: tl.constexpr = 0, q_ptr=None, qeg_ptr=None, QEG: tl.constexpr = False):
+             LOWP: tl.constexpr = 0):
     """``u = M (beta v)`` for value columns ``v_lo .. v_hi`` (blocks of ``BV``), ``w = M (beta k e^G)``
-    and ``kg = k e^{G_last - G}`` for key channels ``k_lo .. k_hi`` (blocks of ``KD``) of one chunk;
-    ``QEG`` (KDA): also ``q e^G`` (raw q, from the same ``e^G`` tile) for the fused output."""
+    and ``kg = k e^{G_last - G}`` for key channels ``k_lo .. k_hi`` (blocks of ``KD``) of one chunk."""
     beta_all = tl.load(b_ptr + tok * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     beta_all = tl.where(m_t, 1.0 / (1.0 + tl.exp(-beta_all)), 0.0)
     for v0 in range(v_lo, v_hi, BV):
@@ -1074,13 +1067,8 @@ def _wu_tail(M, k_ptr, v_ptr, b_ptr, g_ptr, w_ptr, u_ptr, kg_ptr, bos, T, c, tok
         if GATE != 2:
             Gt = _tile(g_ptr, tokc, m_t | ~m_t, i_hv, HV, K, kd, KD)
             Gl = tl.load(g_ptr + (tokl * HV + i_hv) * K + o_d, mask=o_d < K, other=0.0)
-            eg = tl.exp(Gt)
-            kb = kt * rb[:, None] * eg
+            kb = kt * rb[:, None] * tl.exp(Gt)
             kg = kt * rl[:, None] * tl.exp(Gl[None, :] - Gt)  # exponent <= 0
-            if QEG:
-                qt = _tile(q_ptr, tok, m_t, i_h, H, K, kd, KD)
-                tl.store(qeg_ptr + (tok[:, None] * HV + i_hv) * K + o_d[None, :], (qt * eg).to(qeg_ptr.dtype.element_ty),
-                         mask=m_t[:, None] & (o_d < K)[None, :])
         else:
             kb = kt * rb[:, None]
             kg = kt * rl[:, None]
