@@ -312,6 +312,36 @@ def test_sm90_state_pass_stages_follow_the_scratch_and_the_stacked_a_programs_ru
         assert part[0] is kern and part[2] == warps
 
 
+def test_cuda_tables_never_run_the_state_pass_on_one_pipelining_stage():
+    """On the H200 (Triton 3.6) the state pass compiled with one pipelining stage gives wrong outputs and
+    states and reads shared memory out of bounds at its ``tl.dot`` (compute-sanitizer), fused or not
+    (``benchmark/kernels/check_state_stages.py``, ``2026-12-02-h200-state_stages_check.txt``). So no CUDA
+    entry of the table may launch it that way: every state pass ``launch_params`` builds for an ``sm*`` arch
+    (KDA and GDN, FP32 / 16-bit scratch, with / without checkpoints, the fused output where allowed) has
+    ``STAGES >= 2``; a single-stage table would fail here."""
+    import dataclasses
+
+    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, fused_output_allowed, launch_params
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+
+    def stages(launch):
+        out = []
+        for kind, H, HV in ((GATE_KDA_SAFE, 12, 12), (GATE_GDN, 16, 48)):
+            for lowp in (False, True):
+                for ckpt in (False, True):
+                    for fuse in (False, True):
+                        if fuse and not fused_output_allowed(launch, kind, lowp, ckpt, -5.0, True):
+                            continue
+                        p = launch_params(launch, kind, H, HV, 128, 128, -5.0, True, True, ckpt, lowp_scratch=lowp,
+                                          fuse_output=fuse)
+                        out.append(p["state"][1]["STAGES"])
+        return out
+
+    cuda = [launch for (arch, _), launch in CHUNK_LAUNCH.items() if arch.startswith("sm")]
+    assert cuda and all(min(stages(launch)) >= 2 for launch in cuda)
+    assert min(stages(dataclasses.replace(cuda[0], state_stages_fused=1))) == 1  # the check sees a 1-stage pass
+
+
 def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):
     """On ROCm (device reported as such) the prefill dispatch picks Triton with the gfx950 launch
     entry and logs it; ``method="auto"`` runs the chunk-64 form without TF32 and the sequential
