@@ -843,10 +843,10 @@ CHUNK_STATE_VARIANTS = [
     # (cumsum_fast_exp is the sm_90 table's default since; the same for the w / u step's exponentials was
     # timed too: 895 -> 886 us at B=8, within the spread, option removed; 2026-12-01-h200-prefill_fexp.json)
     ("cumsum_fixup_exp", dict(cumsum_fast_exp=False)),
-    # seventeenth round (issue 4): the fused KDA state pass on fewer pipelining stages (1 stage: 64 KB of shared
-    # memory, two programs per SM instead of one) and on 16-column tiles
-    # (1 stage: wrong results under the H200's Triton 3.6, see check_state_stages.py; the 3xTF32 diagonal
-    # inverses in the inverse launch instead of the A programs were slower: commit fe51bae)
+    # seventeenth round (issue 4): the fused KDA state pass on 2 pipelining stages and on 16-column tiles (one
+    # stage, 64 KB of shared memory and two programs per SM, gives wrong results under the H200's Triton 3.6:
+    # check_state_stages.py; the 3xTF32 diagonal inverses in the inverse launch instead of the A programs were
+    # slower: commit fe51bae)
     ("fst2", dict(state_stages_fused=2)),
     ("fbv16_st2", dict(fuse_output_kda_bv=(16,), state_bv_costs=((16, 1.0),), state_stages_fused=2)),
     # the A programs' diagonal inverses as FP32 FMA products, as before (intra_diag_inv_x3 is the sm_90 default)
