@@ -839,6 +839,24 @@ CHUNK_STATE_SHAPES = ((1, 4096), (1, 65536), (8, 16384))
 # so the same list runs against an older checkout (--chunk-state-baseline) for a same-run comparison
 CHUNK_STATE_VARIANTS = [
     ("table", {}),
+    # eighteenth round (issue 4): Triton 3.8 (the pinned torch's) lowers the gate cumsum's tl.cumsum with
+    # branches and twice the shuffles of 3.6, and holds the inverse launch's ten blocks to 255 registers:
+    # the scan as a running sum over rows (8 rows' loads issued together), the inverse's M blocks stored
+    # once formed (A blocks loaded first: 2; by row block: 1)
+    ("rows128_w4", dict(cumsum_row_loop=True, cumsum_bk=128, cumsum_warps=4)),
+    ("rows128_w2", dict(cumsum_row_loop=True, cumsum_bk=128, cumsum_warps=2)),
+    ("rows64_w2", dict(cumsum_row_loop=True, cumsum_bk=64, cumsum_warps=2)),
+    ("rows64_w1", dict(cumsum_row_loop=True, cumsum_bk=64, cumsum_warps=1)),
+    ("rows32_w1", dict(cumsum_row_loop=True, cumsum_bk=32, cumsum_warps=1)),
+    ("cs32_w4", dict(cumsum_bk=32, cumsum_warps=4)),
+    ("cs32_w8", dict(cumsum_bk=32, cumsum_warps=8)),
+    ("inv_s1", dict(intra_inv_stream=1)),
+    ("inv_s1_w1", dict(intra_inv_stream=1, intra_inv_warps=1)),
+    ("inv_s1_w4", dict(intra_inv_stream=1, intra_inv_warps=4)),
+    ("inv_s2", dict(intra_inv_stream=2)),
+    ("inv_s2_w4", dict(intra_inv_stream=2, intra_inv_warps=4)),
+    ("aqk_st2", dict(intra_aqk_stages=2)),
+    ("a_w2", dict(intra_arow_warps=2)),
     # fifteenth round (issue 4): the gate cumsum's exponential / reciprocal with their fix-ups, as before
     # (cumsum_fast_exp is the sm_90 table's default since; the same for the w / u step's exponentials was
     # timed too: 895 -> 886 us at B=8, within the spread, option removed; 2026-12-01-h200-prefill_fexp.json)
@@ -922,6 +940,9 @@ CHUNK_STATE_VARIANTS = [
     # A / Aqk build's pipelining stages and the output loop's (over the shipped table; spill-free on sm_90)
     ("a_st2", dict(intra_a_stages=2)),
     ("a_st4", dict(intra_a_stages=4)),
+    ("a_w2", dict(intra_arow_warps=2)),
+    ("a_w4", dict(intra_arow_warps=4)),
+    ("a_norowspec", dict(intra_a_rowspec=False)),
     ("out_st4", dict(output_stages=4)),
     # A / Aqk build and the block inverse in one launch per (chunk, head) (2026-11-30, third round) was
     # slower at every spill-free shape (benchmark/results/2026-11-30-h200-prefill_ainv_sweep.json; removed).
@@ -1202,6 +1223,15 @@ GDN_KEEP = None  # main(): --gdn-variants
 # fitted on KDA); sixth round of issue 4
 GDN_PREFILL_VARIANTS = [
     ("table", {}),
+    # eighteenth round (issue 4): under Triton 3.8 (see CHUNK_STATE_VARIANTS)
+    ("inv_s1", dict(intra_inv_stream=1)),
+    ("inv_s1_w4", dict(intra_inv_stream=1, intra_inv_warps=4)),
+    ("inv_s2", dict(intra_inv_stream=2)),
+    ("a_st2", dict(intra_a_stages=2)),
+    ("a_st4", dict(intra_a_stages=4)),
+    ("a_w2", dict(intra_arow_warps=2)),
+    ("a_w4", dict(intra_arow_warps=4)),
+    ("a_norowspec", dict(intra_a_rowspec=False)),
     ("sbv16", dict(state_bv_costs=())),
     ("sbv32", dict(state_bv_costs=(), state_bv=32)),
     ("sst3", dict(state_stages_lowp=3)),

@@ -32,6 +32,11 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAF
 from sgl_hybrid_kernel.platform import device_platform
 
 BT = 64  # tokens per chunk
+# ChunkLaunch.cumsum_row_loop applies from this Triton on: 3.8 lowers the gate cumsum's tl.cumsum with
+# branches and twice 3.6's shuffles (H200, B=8 T=16K: 518 us; the row loop 322), while under 3.6 tl.cumsum
+# is the faster form (339 vs 399 us; docs/kernels.md, eighteenth round)
+CUMSUM_ROW_LOOP_MIN_TRITON = (3, 7)
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 BC = 16  # rows per diagonal block of the in-chunk inverse; checkpoint grid
 
 
@@ -74,6 +79,14 @@ class ChunkLaunch:
     forms ``lb sigmoid(.)`` with ``ex2.approx.ftz`` and ``rcp.approx.ftz``, the MUFU operations of ``tl.exp``
     and of the FP32 division without their fix-ups (the same ``G`` wherever nothing is denormal or above
     2^126; H200 B=8 T=16K: cumsum 386 -> 339 us, 2026-12-01-h200-prefill_fexp.json);
+    ``cumsum_row_loop`` (per-channel gates, Triton >= ``CUMSUM_ROW_LOOP_MIN_TRITON``): the chunk's scan as a
+    running FP32 sum over its 64 rows (eight rows' loads issued together, then their sums stored), the
+    additions in row order as ``torch.cumsum``'s, instead of ``tl.cumsum`` (H200, Triton 3.8, B=8 T=16K:
+    518 -> 322 us at 128 channels on 2 warps);
+    ``intra_inv_stream`` (with ``intra_diag_inv`` and chained 3xTF32 merges): the inverse launch stores each
+    ``M`` block once formed and loads a row block's ``A`` blocks when that row starts (1) or all first (2),
+    instead of holding all ten to the end (Triton 3.8 kept them at 255 registers; streamed on one warp: 198,
+    H200 B=8 T=16K 446 -> 289 us; ``M`` may alias ``A``: each ``A`` block is read before its place is written);
     ``intra_diag_inv`` (with ``intra_a_stacked`` and ``intra_inv``): the 16x16 diagonal inverses
     ``(I + A_ii)^-1`` computed by the stacked ``A`` programs (one per row block, stored in place of
     ``A_ii``), so the inverse launch only merges the off-diagonal blocks;
@@ -153,6 +166,8 @@ class ChunkLaunch:
     intra_inv_lowp: bool = False
     fast_exp: bool = False
     cumsum_fast_exp: bool = False
+    cumsum_row_loop: bool = False
+    intra_inv_stream: int = 0
     intra_solve_lowp: bool = False
     state_kd: int = 64
     state_bv: int = 32
@@ -186,7 +201,8 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
     ("sm90", 132): ChunkLaunch("sm90x132", intra_precision="tf32x3", intra_split=True, intra_a_warps=2, intra_a_kd=16,
                                intra_a_stages=3, intra_a_stacked=True, intra_diag_inv=True, intra_diag_inv_x3=True, fast_exp=True, cumsum_fast_exp=True, intra_inv=True,
                                intra_a_rowspec=True, intra_a_direct=True, intra_inv_chain=True, intra_inv_lowp=True,
-                               intra_arow_warps=1, intra_inv_warps=2, intra_inv_warps_diag=4, intra_solve_warps=4,
+                               intra_arow_warps=1, intra_inv_warps=1, intra_inv_stream=1, intra_inv_warps_diag=4,
+                               intra_solve_warps=4, cumsum_bk=128, cumsum_warps=2, cumsum_row_loop=True,
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
                                group_kd=64, group_warps=8,
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_stages_lowp=4, state_lowp=True,
@@ -299,7 +315,9 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         }
         if launch.intra_inv:
             intra["intra_inv"] = (chunk_intra_inv_kernel, dict(HV=HV, BT=BT, BC=BC, APREC=aprec, DIAG_INV=diag_inv,
-                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3"),
+                                                               CHAIN=launch.intra_inv_chain and aprec == "tf32x3",
+                                                               STREAM=launch.intra_inv_stream if (
+                                                                   diag_inv and launch.intra_inv_chain and aprec == "tf32x3") else 0),
                                   launch.intra_inv_warps if diag_inv else (launch.intra_inv_warps_diag or launch.intra_inv_warps), ())
     else:
         intra = {"intra": (chunk_intra_kernel, dict(**common, BV=min(launch.intra_bv, BVP), BC=BC,
@@ -313,7 +331,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
         skd = (kind != GATE_GDN and launch.state_kd_fused_kda) or launch.state_kd_fused or skd
     parts = {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind,
-                                                  FAST_EXP=launch.cumsum_fast_exp and kind == GATE_KDA_SAFE and not interpret),
+                                                  FAST_EXP=launch.cumsum_fast_exp and kind == GATE_KDA_SAFE and not interpret,
+                                                  ROW_LOOP=launch.cumsum_row_loop and TRITON_VERSION >= CUMSUM_ROW_LOOP_MIN_TRITON),
                    launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         **intra,

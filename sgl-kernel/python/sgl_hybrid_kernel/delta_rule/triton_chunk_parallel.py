@@ -106,6 +106,27 @@ def _load_qk(ptr, tok, m_t, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, L2N
 
 
 @triton.jit
+def _gate_row(f_ptr, bos, row, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV: tl.constexpr, K: tl.constexpr,
+              GATE: tl.constexpr, FAST_EXP: tl.constexpr):
+    """The activated per-channel gate ``[BK]`` of chunk row ``row`` (0 past the sequence end; the row is
+    clamped, so the load needs no row mask)."""
+    x = tl.load(f_ptr + ((bos + tl.minimum(row, T - 1)) * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32) + dtb
+    if GATE == 0:
+        g = -A_h * _softplus(x)
+    elif FAST_EXP:
+        g = lower_bound * _frcp(1.0 + _fexp(-A_h * x, FAST_EXP), FAST_EXP)
+    else:
+        g = lower_bound / (1.0 + tl.exp(-A_h * x))
+    return tl.where(row < T, g, 0.0)
+
+
+@triton.jit
+def _gate_row_store(g_ptr, acc, bos, row, T, i_hv, o_k, m_k, HV: tl.constexpr, K: tl.constexpr):
+    tl.store(g_ptr + ((bos + row) * HV + i_hv) * K + o_k, acc, mask=m_k & (row < T))
+    return acc
+
+
+@triton.jit
 def chunk_gate_cumsum_kernel(
     f_ptr,  # raw gate [N, HV, K] (KDA) or [N, HV] (GDN)
     A_log_ptr,
@@ -120,6 +141,7 @@ def chunk_gate_cumsum_kernel(
     BT: tl.constexpr,
     GATE: tl.constexpr,
     FAST_EXP: tl.constexpr = False,  # CUDA, bounded KDA gate: exponential / reciprocal without fix-ups (cumsum_fast_exp)
+    ROW_LOOP: tl.constexpr = False,  # per-channel gates: the scan as a running sum over the chunk's rows (cumsum_row_loop)
 ):
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -141,6 +163,26 @@ def chunk_gate_cumsum_kernel(
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         dtb = tl.load(dt_bias_ptr + i_hv * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        if ROW_LOOP:  # 8 rows' loads issued together (a store may alias a later load), then their running sums
+            acc = tl.zeros([BK], dtype=tl.float32)
+            for r0 in tl.static_range(0, BT, 8):
+                g0 = _gate_row(f_ptr, bos, c * BT + r0 + 0, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g1 = _gate_row(f_ptr, bos, c * BT + r0 + 1, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g2 = _gate_row(f_ptr, bos, c * BT + r0 + 2, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g3 = _gate_row(f_ptr, bos, c * BT + r0 + 3, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g4 = _gate_row(f_ptr, bos, c * BT + r0 + 4, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g5 = _gate_row(f_ptr, bos, c * BT + r0 + 5, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g6 = _gate_row(f_ptr, bos, c * BT + r0 + 6, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                g7 = _gate_row(f_ptr, bos, c * BT + r0 + 7, T, i_hv, o_k, m_k, dtb, A_h, lower_bound, HV, K, GATE, FAST_EXP)
+                acc = _gate_row_store(g_ptr, acc + g0, bos, c * BT + r0 + 0, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g1, bos, c * BT + r0 + 1, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g2, bos, c * BT + r0 + 2, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g3, bos, c * BT + r0 + 3, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g4, bos, c * BT + r0 + 4, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g5, bos, c * BT + r0 + 5, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g6, bos, c * BT + r0 + 6, T, i_hv, o_k, m_k, HV, K)
+                acc = _gate_row_store(g_ptr, acc + g7, bos, c * BT + r0 + 7, T, i_hv, o_k, m_k, HV, K)
+            return
         x = tl.load(f_ptr + (tok[:, None] * HV + i_hv) * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32) + dtb[None, :]
         if GATE == 0:
             g = -A_h * _softplus(x)
@@ -562,6 +604,7 @@ def chunk_intra_inv_kernel(
     APREC: tl.constexpr = "ieee",
     DIAG_INV: tl.constexpr = False,  # the diagonal blocks at a_ptr already hold M_ii (chunk_intra_arow_kernel)
     CHAIN: tl.constexpr = False,  # APREC "tf32x3" as chained TF32 products on operands split once (_block_inverse)
+    STREAM: tl.constexpr = 0,  # (DIAG_INV, CHAIN) M blocks stored once formed; A blocks loaded first (2) or by row block (1)
 ):
     """Split in-chunk step, inverse only (BT = 4 BC): grid (chunks, HV); all ten ``[BC, BC]`` blocks of
     the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
@@ -575,6 +618,49 @@ def chunk_intra_inv_kernel(
     a_ptr = a_ptr + t0 * (HV * BT)
     m_ptr = m_ptr + t0 * (HV * BT)
     o_c = tl.arange(0, BC)
+    if STREAM:  # DIAG_INV and CHAIN: each M block stored once formed; STREAM 2: every block loaded first,
+        # 1: a row block's blocks loaded when it starts (after the earlier rows' stores, which may alias them)
+        z = tl.zeros([BC, BC], dtype=tl.float32)
+        M00 = _ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC)
+        A10 = _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC)
+        M11 = _ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC)
+        if STREAM == 2:
+            A20 = _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC)
+            A21 = _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC)
+            M22 = _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC)
+            A30 = _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC)
+            A31 = _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC)
+            A32 = _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC)
+            M33 = _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, M00, 0, 0, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, z, 0, 1, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, z, 0, 2, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, z, 0, 3, o_c, T, i_hv, HV, BT, BC)
+        M10 = _dot3(-M11, _dot3(A10, M00, z), z)
+        _sblk(m_ptr, M10, 1, 0, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, M11, 1, 1, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, z, 1, 2, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, z, 1, 3, o_c, T, i_hv, HV, BT, BC)
+        if STREAM == 1:
+            A20 = _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC)
+            A21 = _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC)
+            M22 = _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC)
+        M21 = _dot3(-M22, _dot3(A21, M11, z), z)
+        M20 = _dot3(-M22, _dot3(A21, M10, _dot3(A20, M00, z)), z)
+        _sblk(m_ptr, M20, 2, 0, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, M21, 2, 1, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, M22, 2, 2, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, z, 2, 3, o_c, T, i_hv, HV, BT, BC)
+        if STREAM == 1:
+            A30 = _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC)
+            A31 = _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC)
+            A32 = _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC)
+            M33 = _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, _dot3(-M33, _dot3(A32, M22, z), z), 3, 2, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, _dot3(-M33, _dot3(A32, M21, _dot3(A31, M11, z)), z), 3, 1, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, _dot3(-M33, _dot3(A32, M20, _dot3(A31, M10, _dot3(A30, M00, z))), z), 3, 0, o_c, T, i_hv, HV, BT, BC)
+        _sblk(m_ptr, M33, 3, 3, o_c, T, i_hv, HV, BT, BC)
+        return
     M00, M10, M11, M20, M21, M22, M30, M31, M32, M33 = _block_inverse(
         _ablk(a_ptr, 0, 0, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 1, 0, o_c, T, i_hv, HV, BT, BC),
         _ablk(a_ptr, 1, 1, o_c, T, i_hv, HV, BT, BC), _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC),
