@@ -856,7 +856,6 @@ CHUNK_STATE_VARIANTS = [
     ("inv_s2", dict(intra_inv_stream=2)),
     ("inv_s2_w4", dict(intra_inv_stream=2, intra_inv_warps=4)),
     ("aqk_st2", dict(intra_aqk_stages=2)),
-    ("a_w2", dict(intra_arow_warps=2)),
     # fifteenth round (issue 4): the gate cumsum's exponential / reciprocal with their fix-ups, as before
     # (cumsum_fast_exp is the sm_90 table's default since; the same for the w / u step's exponentials was
     # timed too: 895 -> 886 us at B=8, within the spread, option removed; 2026-12-01-h200-prefill_fexp.json)

@@ -135,7 +135,7 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
                          intra_a_stacked=intra.startswith("stacked"), intra_diag_inv=intra in ("stacked", "stacked_rowspec"),
                          intra_a_rowspec=intra == "stacked_rowspec", intra_a_direct=intra == "stacked_rowspec",
                          intra_inv_chain=intra == "stacked_rowspec", intra_diag_inv_x3=intra == "stacked_rowspec",
-                         cumsum_row_loop=intra in ("stacked_rowspec", "split"),
+                         cumsum_row_loop=intra in ("stacked_rowspec", "split"), cumsum_row_bk=16,
                          intra_inv_stream=1 if intra == "stacked_rowspec" and lower_bound is None else 2)
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),
@@ -511,18 +511,22 @@ def test_sm90_cumsum_row_loop_follows_the_triton_version_and_the_inverse_streams
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
 
     launch = cp.CHUNK_LAUNCH[("sm90", 132)]
-    for version, row_loop in (((3, 6), False), ((3, 8), True)):
-        monkeypatch.setattr(cp, "TRITON_VERSION", version)
+    try:
+        # (version, kind): row loop, channels per program, warps (tl.cumsum keeps the table's 64 / 4)
+        for version, kind, want in (((3, 6), GATE_KDA_SAFE, (False, 64, 4)), ((3, 8), GATE_KDA_SAFE, (True, 128, 2)),
+                                    ((3, 8), GATE_GDN, (False, 64, 4))):
+            monkeypatch.setattr(cp, "TRITON_VERSION", version)
+            cp.launch_params.cache_clear()
+            p = cp.launch_params(launch, kind, 12, 12, 128, 128, -5.0, True, True, False)
+            assert (p["cumsum"][1]["ROW_LOOP"], p["cumsum"][1]["BK"], p["cumsum"][2]) == want
+    finally:
         cp.launch_params.cache_clear()
-        p = cp.launch_params(launch, GATE_KDA_SAFE, 12, 12, 128, 128, -5.0, True, True, False)
-        assert p["cumsum"][1]["ROW_LOOP"] is row_loop and p["cumsum"][1]["BK"] == 128 and p["cumsum"][2] == 2
-    cp.launch_params.cache_clear()
+        monkeypatch.undo()
     for kind, H, HV in ((GATE_KDA_SAFE, 12, 12), (GATE_GDN, 16, 48)):
         on = cp.launch_params(launch, kind, H, HV, 128, 128, -5.0, True, True, False)
         off = cp.launch_params(launch, kind, H, HV, 128, 128, -5.0, True, False, False)
         assert on["intra_inv"][1]["STREAM"] == 1 and on["intra_inv"][2] == 1
         assert off["intra_inv"][1]["STREAM"] == 0
-    cp.launch_params.cache_clear()
 
 
 def test_tf32_split_gives_an_exact_tf32_high_part():

@@ -33,8 +33,9 @@ from sgl_hybrid_kernel.platform import device_platform
 
 BT = 64  # tokens per chunk
 # ChunkLaunch.cumsum_row_loop applies from this Triton on: 3.8 lowers the gate cumsum's tl.cumsum with
-# branches and twice 3.6's shuffles (H200, B=8 T=16K: 518 us; the row loop 322), while under 3.6 tl.cumsum
-# is the faster form (339 vs 399 us; docs/kernels.md, eighteenth round)
+# branches and twice 3.6's shuffles (H200, B=8 T=16K: 518 us at 64 channels / 4 warps; the row loop 322 at
+# 128 / 2), while under 3.6 tl.cumsum at 64 / 4 is the faster form (339 vs the row loop's 399 us; 3.7 was not
+# measured; docs/kernels.md, eighteenth round)
 CUMSUM_ROW_LOOP_MIN_TRITON = (3, 7)
 TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 BC = 16  # rows per diagonal block of the in-chunk inverse; checkpoint grid
@@ -80,9 +81,10 @@ class ChunkLaunch:
     and of the FP32 division without their fix-ups (the same ``G`` wherever nothing is denormal or above
     2^126; H200 B=8 T=16K: cumsum 386 -> 339 us, 2026-12-01-h200-prefill_fexp.json);
     ``cumsum_row_loop`` (per-channel gates, Triton >= ``CUMSUM_ROW_LOOP_MIN_TRITON``): the chunk's scan as a
-    running FP32 sum over its 64 rows (eight rows' loads issued together, then their sums stored), the
-    additions in row order as ``torch.cumsum``'s, instead of ``tl.cumsum`` (H200, Triton 3.8, B=8 T=16K:
-    518 -> 322 us at 128 channels on 2 warps);
+    sequential FP32 sum over its 64 rows (eight rows' loads issued together, then their sums stored; additions
+    in row order) instead of ``tl.cumsum``, on ``cumsum_row_bk`` channels and ``cumsum_row_warps`` warps per
+    program (H200, Triton 3.8, B=8 T=16K: 518 -> 322 us at 128 channels on 2 warps); elsewhere ``tl.cumsum``
+    keeps ``cumsum_bk`` / ``cumsum_warps``;
     ``intra_inv_stream`` (with ``intra_diag_inv`` and chained 3xTF32 merges): the inverse launch stores each
     ``M`` block once formed and loads a row block's ``A`` blocks when that row starts (1) or all first (2),
     instead of holding all ten to the end (Triton 3.8 kept them at 255 registers; streamed on one warp: 198,
@@ -167,6 +169,8 @@ class ChunkLaunch:
     fast_exp: bool = False
     cumsum_fast_exp: bool = False
     cumsum_row_loop: bool = False
+    cumsum_row_bk: int = 128
+    cumsum_row_warps: int = 2
     intra_inv_stream: int = 0
     intra_solve_lowp: bool = False
     state_kd: int = 64
@@ -202,7 +206,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
                                intra_a_stages=3, intra_a_stacked=True, intra_diag_inv=True, intra_diag_inv_x3=True, fast_exp=True, cumsum_fast_exp=True, intra_inv=True,
                                intra_a_rowspec=True, intra_a_direct=True, intra_inv_chain=True, intra_inv_lowp=True,
                                intra_arow_warps=1, intra_inv_warps=1, intra_inv_stream=1, intra_inv_warps_diag=4,
-                               intra_solve_warps=4, cumsum_bk=128, cumsum_warps=2, cumsum_row_loop=True,
+                               intra_solve_warps=4, cumsum_row_loop=True, cumsum_row_bk=128, cumsum_row_warps=2,
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
                                group_kd=64, group_warps=8,
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_stages_lowp=4, state_lowp=True,
@@ -273,7 +277,10 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     BVP = triton.next_power_of_2(V)
     sbv = min(value_tile or state_tile or (launch.state_bv_ckpt if ckpt else launch.state_bv), BVP)
     obv = min(value_tile or launch.value_tile, BVP)
-    gbk = min(launch.cumsum_bk, BK)
+    # the row-loop cumsum (per-channel gates, Triton >= 3.7) runs its own channel block and warps; otherwise
+    # tl.cumsum at cumsum_bk / cumsum_warps, as timed before the row loop existed
+    row_loop = launch.cumsum_row_loop and kind != GATE_GDN and TRITON_VERSION >= CUMSUM_ROW_LOOP_MIN_TRITON
+    gbk = min(launch.cumsum_row_bk if row_loop else launch.cumsum_bk, BK)
     skd = (launch.state_kd_ckpt or launch.state_kd) if ckpt else launch.state_kd
     swarps = (launch.state_warps_ckpt or launch.state_warps) if ckpt else launch.state_warps
     common = dict(H=H, HV=HV, K=K, V=V, BK=BK, BT=BT, GATE=kind, L2NORM=l2norm, TF32=tf32)
@@ -332,8 +339,8 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
     parts = {
         "cumsum": (chunk_gate_cumsum_kernel, dict(HV=HV, K=K, BK=gbk, BT=BT, GATE=kind,
                                                   FAST_EXP=launch.cumsum_fast_exp and kind == GATE_KDA_SAFE and not interpret,
-                                                  ROW_LOOP=launch.cumsum_row_loop and TRITON_VERSION >= CUMSUM_ROW_LOOP_MIN_TRITON),
-                   launch.cumsum_warps,
+                                                  ROW_LOOP=row_loop),
+                   launch.cumsum_row_warps if row_loop else launch.cumsum_warps,
                    (1 if kind == GATE_GDN else triton.cdiv(K, gbk),)),
         **intra,
         "state": (chunk_state_kernel, dict(**common, BV=sbv, BC=BC, KD=max(min(skd, BK), BK // 4), CKPT=ckpt,

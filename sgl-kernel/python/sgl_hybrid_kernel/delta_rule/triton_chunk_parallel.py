@@ -610,7 +610,8 @@ def chunk_intra_inv_kernel(
     the lower triangle of ``M = (I + A)^-1`` as separate small products (light programs, few warps):
     ``M_ii = (I + A_ii)^-1`` (repeated squaring, IEEE; read as stored with ``DIAG_INV``),
     ``M_ij = -M_ii sum_{j<=l<i} A_il M_lj`` (``APREC``: FP32 inputs and accumulation); every block is
-    read before any is written."""
+    read before any is written, except with ``STREAM`` (each ``M`` block stored once formed; with ``STREAM == 1`` a
+    row block's ``A`` blocks are read after the earlier rows' stores, none at a position already written)."""
     tl.static_assert(BT == 4 * BC, "the inverse kernel is written for four diagonal blocks")
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -618,6 +619,7 @@ def chunk_intra_inv_kernel(
     a_ptr = a_ptr + t0 * (HV * BT)
     m_ptr = m_ptr + t0 * (HV * BT)
     o_c = tl.arange(0, BC)
+    tl.static_assert(STREAM == 0 or (DIAG_INV and CHAIN), "STREAM: diagonal inverses read as stored, chained merges")
     if STREAM:  # DIAG_INV and CHAIN: each M block stored once formed; STREAM 2: every block loaded first,
         # 1: a row block's blocks loaded when it starts (after the earlier rows' stores, which may alias them)
         z = tl.zeros([BC, BC], dtype=tl.float32)
