@@ -1222,7 +1222,9 @@ GDN_KEEP = None  # main(): --gdn-variants
 # fitted on KDA); sixth round of issue 4
 GDN_PREFILL_VARIANTS = [
     ("table", {}),
-    # eighteenth round (issue 4): under Triton 3.8 (see CHUNK_STATE_VARIANTS)
+    # eighteenth round (issue 4): under Triton 3.8 (see CHUNK_STATE_VARIANTS); a_select: the stacked A programs'
+    # [k; q] loaded through a per-row pointer select, as before intra_a_join (not yet timed against it)
+    ("a_select", dict(intra_a_join=False)),
     ("inv_s1", dict(intra_inv_stream=1)),
     ("inv_s1_w4", dict(intra_inv_stream=1, intra_inv_warps=4)),
     ("inv_s2", dict(intra_inv_stream=2)),

@@ -136,6 +136,7 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
                          intra_a_rowspec=intra == "stacked_rowspec", intra_a_direct=intra == "stacked_rowspec",
                          intra_inv_chain=intra == "stacked_rowspec", intra_diag_inv_x3=intra == "stacked_rowspec",
                          cumsum_row_loop=intra in ("stacked_rowspec", "split"), cumsum_row_bk=16,
+                         intra_a_join=intra in ("stacked_rowspec", "stacked_bf16qk"),
                          intra_inv_stream=1 if intra == "stacked_rowspec" and lower_bound is None else 2)
     kind = {"gdn": GATE_GDN, "kda": GATE_KDA if lower_bound is None else GATE_KDA_SAFE}[gate]
     o = gated_delta_chunk_parallel(q, k, v, f, b, A, dtb, cu, pool, torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.int32),

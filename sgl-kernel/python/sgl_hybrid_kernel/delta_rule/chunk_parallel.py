@@ -85,6 +85,10 @@ class ChunkLaunch:
     in row order) instead of ``tl.cumsum``, on ``cumsum_row_bk`` channels and ``cumsum_row_warps`` warps per
     program (H200, Triton 3.8, B=8 T=16K: 518 -> 322 us at 128 channels on 2 warps); elsewhere ``tl.cumsum``
     keeps ``cumsum_bk`` / ``cumsum_warps``;
+    ``intra_a_join`` (stacked ``A`` programs: GDN, and KDA without ``intra_aqk_tf32``): the row block's ``k`` and
+    ``q`` loaded as two ``[16, KD]`` tiles and joined into the stacked operand instead of one load through a
+    per-row pointer select, which Triton 3.8 turns into scalar 2-byte loads (GDN ``A`` programs compiled for
+    sm_90: 253 -> 163 registers, 164 -> 72 static global loads; 3.6: 154 -> 138; the same values);
     ``intra_inv_stream`` (with ``intra_diag_inv`` and chained 3xTF32 merges): the inverse launch stores each
     ``M`` block once formed and loads a row block's ``A`` blocks when that row starts (1) or all first (2),
     instead of holding all ten to the end (Triton 3.8 kept them at 255 registers; streamed on one warp: 198,
@@ -172,6 +176,7 @@ class ChunkLaunch:
     cumsum_row_bk: int = 128
     cumsum_row_warps: int = 2
     intra_inv_stream: int = 0
+    intra_a_join: bool = False
     intra_solve_lowp: bool = False
     state_kd: int = 64
     state_bv: int = 32
@@ -207,6 +212,7 @@ CHUNK_LAUNCH: Dict[Tuple[str, int], ChunkLaunch] = {
                                intra_a_rowspec=True, intra_a_direct=True, intra_inv_chain=True, intra_inv_lowp=True,
                                intra_arow_warps=1, intra_inv_warps=1, intra_inv_stream=1, intra_inv_warps_diag=4,
                                intra_solve_warps=4, cumsum_row_loop=True, cumsum_row_bk=128, cumsum_row_warps=2,
+                               intra_a_join=True,
                                state_kd=128, state_warps=4, state_kd_ckpt=64, state_warps_ckpt=8,
                                group_kd=64, group_warps=8,
                                state_bv=16, state_bv_ckpt=8, state_stages=3, state_stages_lowp=4, state_lowp=True,
@@ -299,7 +305,7 @@ def launch_params(launch: ChunkLaunch, kind: int, H: int, HV: int, K: int, V: in
                                                               else diag_inv),
                                                     FAST_EXP=launch.fast_exp and not interpret,
                                                     ROWSPEC=launch.intra_a_rowspec, DIRECT=launch.intra_a_direct,
-                                                    SPLITQ=_splitq(launch, kind, lower_bound, tf32),
+                                                    SPLITQ=_splitq(launch, kind, lower_bound, tf32), JOIN=launch.intra_a_join,
                                                     # zero blocks above the diagonal only for readers of whole
                                                     # rows: the solve without the inverse launch (A), the state
                                                     # pass forming the output (Aqk)

@@ -767,7 +767,8 @@ def _store_lower(a_ptr, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, o_c, T
 
 @triton.jit
 def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr,
-             K: tl.constexpr, KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr):
+             K: tl.constexpr, KD: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, FAST: tl.constexpr,
+             JOIN: tl.constexpr = False):
     """Row block ``i`` over channels ``kd ..`` for :func:`chunk_intra_arow_kernel`: ``X = [k; q]``
     (``[2 BC, KD]``, zero past the chunk; ``k`` and ``q`` stacked so that one product gives a block of
     ``A`` and of ``Aqk`` with ``M = 32``: a 16-row product on two warps holds and computes each block
@@ -778,9 +779,14 @@ def _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H: tl.constexpr, HV: tl.c
     o_t = i * BC + (o_r % BC)
     m = o_t < T
     o_d = kd + tl.arange(0, KD)
-    base = tl.where(o_r < BC, k_ptr, q_ptr)
-    X = tl.load(base[:, None] + ((o_t * H + i_h) * K)[:, None] + o_d[None, :], mask=m[:, None] & (o_d < K)[None, :],
-                other=0.0).to(tl.float32)
+    if JOIN:  # k and q as two [BC, KD] tiles, then stacked: each load keeps its 16-byte contiguity
+        o_b = i * BC + tl.arange(0, BC)
+        X = tl.reshape(tl.permute(tl.join(_tile(k_ptr, o_b, o_b < T, i_h, H, K, kd, KD),
+                                          _tile(q_ptr, o_b, o_b < T, i_h, H, K, kd, KD)), (2, 0, 1)), (2 * BC, KD))
+    else:  # one [2 BC, KD] load through a per-row pointer select (Triton 3.8 loses the rows' contiguity)
+        base = tl.where(o_r < BC, k_ptr, q_ptr)
+        X = tl.load(base[:, None] + ((o_t * H + i_h) * K)[:, None] + o_d[None, :], mask=m[:, None] & (o_d < K)[None, :],
+                    other=0.0).to(tl.float32)
     ss = tl.sum(X * X, axis=1)
     if GATE == 2:
         return X, ss, o_d
@@ -955,6 +961,7 @@ def chunk_intra_arow_kernel(
     qeg_ptr=None,  # out [N, HV, K] q e^G (raw q; scratch dtype) for the fused KDA output (SPLITQ with RQ)
     A_UPPER: tl.constexpr = True,  # store A's blocks above the diagonal as zeros (False: the inverse launch reads below only)
     Q_UPPER: tl.constexpr = True,  # the same for Aqk (False: read by the output step, which loads causal blocks only)
+    JOIN: tl.constexpr = False,  # stacked form: k and q loaded as two tiles and joined (ChunkLaunch.intra_a_join)
 ):
     """Split in-chunk step, part 1, stacked form (``intra_a_stacked``, issue 4): grid (chunks, HV, BT / BC);
     program ``i`` builds rows ``i*BC ..`` of ``A`` and ``Aqk`` as :func:`chunk_intra_a_kernel` does, with
@@ -985,19 +992,19 @@ def chunk_intra_arow_kernel(
         # re-staged across the (now absent) branches
         if i == 0:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 0, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER, JOIN)
         elif i == 1:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 1, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER, JOIN)
         elif i == 2:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 2, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER, JOIN)
         else:
             _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, 3, H, HV, K, BK, BT, BC, GATE,
-                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER)
+                        L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER, JOIN)
     else:
         _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC, GATE,
-                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER)
+                    L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, SPLITQ, qeg_ptr, A_UPPER, Q_UPPER, JOIN)
 
 
 @triton.jit
@@ -1005,7 +1012,7 @@ def _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale,
                 K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr,
                 L2NORM: tl.constexpr, KD: tl.constexpr, APREC: tl.constexpr, DIAG_INV: tl.constexpr,
                 FAST_EXP: tl.constexpr, DIRECT: tl.constexpr, rq_ptr, RQ: tl.constexpr, SPLITQ: tl.constexpr = False,
-                qeg_ptr=None, A_UPPER: tl.constexpr = True, Q_UPPER: tl.constexpr = True):
+                qeg_ptr=None, A_UPPER: tl.constexpr = True, Q_UPPER: tl.constexpr = True, JOIN: tl.constexpr = False):
     """Body of :func:`chunk_intra_arow_kernel` for row block ``i`` (a program id, or a literal, which
     makes every ``i >= j`` test below static)."""
     if SPLITQ:
@@ -1013,7 +1020,7 @@ def _arow_block(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale,
                            L2NORM, KD, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, qeg_ptr, RQ, A_UPPER, Q_UPPER)
     else:
         _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv, scale, i, H, HV, K, BK, BT, BC,
-                            GATE, L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, A_UPPER, Q_UPPER)
+                            GATE, L2NORM, KD, APREC, DIAG_INV, FAST_EXP, DIRECT, rq_ptr, RQ, A_UPPER, Q_UPPER, JOIN)
 
 
 @triton.jit
@@ -1083,7 +1090,7 @@ def _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv
                         HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                         GATE: tl.constexpr, L2NORM: tl.constexpr, KD: tl.constexpr, APREC: tl.constexpr,
                         DIAG_INV: tl.constexpr, FAST_EXP: tl.constexpr, DIRECT: tl.constexpr, rq_ptr, RQ: tl.constexpr,
-                        A_UPPER: tl.constexpr, Q_UPPER: tl.constexpr):
+                        A_UPPER: tl.constexpr, Q_UPPER: tl.constexpr, JOIN: tl.constexpr = False):
     """The stacked ``[k; q]`` body of :func:`_arow_block`."""
     z = tl.zeros([2 * BC, BC], dtype=tl.float32)
     X0, X1, X2, X3 = z, z, z, z
@@ -1094,7 +1101,7 @@ def _arow_block_stacked(q_ptr, k_ptr, b_ptr, g_ptr, aqk_ptr, a_ptr, T, i_h, i_hv
     PREC: tl.constexpr = "tf32" if (APREC == "tf32x3" and GATE == 2 and q_ptr.dtype.element_ty.primitive_bitwidth == 16
                                     and k_ptr.dtype.element_ty.primitive_bitwidth == 16) else APREC
     for kd in range(0, BK, KD):
-        Xr, ss, Gr = _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP)
+        Xr, ss, Gr = _ab_rows(q_ptr, k_ptr, g_ptr, i, kd, T, i_h, i_hv, H, HV, K, KD, BC, GATE, FAST_EXP, JOIN)
         sr += ss
         if PREC == "tf32x3":
             Xh, Xl = _tf32_split(Xr)
