@@ -593,6 +593,15 @@ def _sblk(a_ptr, X, i, j, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: 
 
 
 @triton.jit
+def _sblk_row(a_ptr, X0, X1, X2, X3, i, o_c, T, i_hv, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Store row block ``i`` of the ``[BT, BT]`` rows at ``a_ptr`` as its four ``[BC, BC]`` blocks."""
+    _sblk(a_ptr, X0, i, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X1, i, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X2, i, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk(a_ptr, X3, i, 3, o_c, T, i_hv, HV, BT, BC)
+
+
+@triton.jit
 def chunk_intra_inv_kernel(
     a_ptr,  # in: [N, HV, BT] strict rows of A (FP32)
     m_ptr,  # out: [N, HV, BT] rows of M = (I + A)^-1: FP32 (may be a_ptr: in place) or the 16-bit scratch dtype
@@ -634,25 +643,16 @@ def chunk_intra_inv_kernel(
             A31 = _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC)
             A32 = _ablk(a_ptr, 3, 2, o_c, T, i_hv, HV, BT, BC)
             M33 = _ablk(a_ptr, 3, 3, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, M00, 0, 0, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, z, 0, 1, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, z, 0, 2, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, z, 0, 3, o_c, T, i_hv, HV, BT, BC)
+        _sblk_row(m_ptr, M00, z, z, z, 0, o_c, T, i_hv, HV, BT, BC)
         M10 = _dot3(-M11, _dot3(A10, M00, z), z)
-        _sblk(m_ptr, M10, 1, 0, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, M11, 1, 1, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, z, 1, 2, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, z, 1, 3, o_c, T, i_hv, HV, BT, BC)
+        _sblk_row(m_ptr, M10, M11, z, z, 1, o_c, T, i_hv, HV, BT, BC)
         if STREAM == 1:
             A20 = _ablk(a_ptr, 2, 0, o_c, T, i_hv, HV, BT, BC)
             A21 = _ablk(a_ptr, 2, 1, o_c, T, i_hv, HV, BT, BC)
             M22 = _ablk(a_ptr, 2, 2, o_c, T, i_hv, HV, BT, BC)
         M21 = _dot3(-M22, _dot3(A21, M11, z), z)
         M20 = _dot3(-M22, _dot3(A21, M10, _dot3(A20, M00, z)), z)
-        _sblk(m_ptr, M20, 2, 0, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, M21, 2, 1, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, M22, 2, 2, o_c, T, i_hv, HV, BT, BC)
-        _sblk(m_ptr, z, 2, 3, o_c, T, i_hv, HV, BT, BC)
+        _sblk_row(m_ptr, M20, M21, M22, z, 2, o_c, T, i_hv, HV, BT, BC)
         if STREAM == 1:
             A30 = _ablk(a_ptr, 3, 0, o_c, T, i_hv, HV, BT, BC)
             A31 = _ablk(a_ptr, 3, 1, o_c, T, i_hv, HV, BT, BC)
@@ -747,22 +747,10 @@ def _store_lower(a_ptr, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, o_c, T
                  HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """Store ten lower ``[BC, BC]`` blocks as the ``[BT, BT]`` rows at ``a_ptr`` (upper blocks as zeros)."""
     zero = tl.zeros([BC, BC], dtype=tl.float32)
-    _sblk(a_ptr, X00, 0, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, zero, 0, 1, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, zero, 0, 2, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, zero, 0, 3, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X10, 1, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X11, 1, 1, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, zero, 1, 2, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, zero, 1, 3, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X20, 2, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X21, 2, 1, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X22, 2, 2, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, zero, 2, 3, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X30, 3, 0, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X31, 3, 1, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X32, 3, 2, o_c, T, i_hv, HV, BT, BC)
-    _sblk(a_ptr, X33, 3, 3, o_c, T, i_hv, HV, BT, BC)
+    _sblk_row(a_ptr, X00, zero, zero, zero, 0, o_c, T, i_hv, HV, BT, BC)
+    _sblk_row(a_ptr, X10, X11, zero, zero, 1, o_c, T, i_hv, HV, BT, BC)
+    _sblk_row(a_ptr, X20, X21, X22, zero, 2, o_c, T, i_hv, HV, BT, BC)
+    _sblk_row(a_ptr, X30, X31, X32, X33, 3, o_c, T, i_hv, HV, BT, BC)
 
 
 @triton.jit
