@@ -392,6 +392,8 @@ def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
     assert "GDN: the state pass forms the output" in choice.reason
     assert "KDA: the state pass forms the output at 32 value columns" in choice.reason
     assert "Aqk one TF32 product" in choice.reason
+    assert "gate cumsum: row loop (Triton 3." in choice.reason or "gate cumsum: tl.cumsum (Triton 3." in choice.reason
+    assert ("row loop (Triton" in choice.reason) == (cp.TRITON_VERSION >= cp.CUMSUM_ROW_LOOP_MIN_TRITON)
     calls = []
     monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
     args = (q, q, v, torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3),

@@ -123,6 +123,12 @@ def _state_tiles(launch) -> str:
         notes += f"; KDA: the state pass forms the output at {cols} value columns"
     if launch.intra_aqk_tf32:
         notes += "; KDA A programs: A 3xTF32, Aqk one TF32 product (bounded gate)"
+    if launch.cumsum_row_loop:
+        from sgl_hybrid_kernel.delta_rule.chunk_parallel import CUMSUM_ROW_LOOP_MIN_TRITON, TRITON_VERSION
+
+        on = TRITON_VERSION >= CUMSUM_ROW_LOOP_MIN_TRITON
+        notes += (f"; gate cumsum: {'row loop' if on else 'tl.cumsum'} (Triton "
+                  f"{'.'.join(map(str, TRITON_VERSION))}; row loop from {'.'.join(map(str, CUMSUM_ROW_LOOP_MIN_TRITON))})")
     return notes
 
 
