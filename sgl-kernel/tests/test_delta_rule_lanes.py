@@ -10,12 +10,15 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.gate import naive_kda_lowerbound_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 
 import sgl_hybrid_kernel.delta_rule.recurrent as rec
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, pick_lanes_tile, replay_commit
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import _fold_last
 from sgl_hybrid_kernel.gdn import gdn_gate
 from sgl_hybrid_kernel.norm import l2_norm
 from test_delta_rule_triton import _batch  # the same random inputs as the one-warp kernel's tests
@@ -224,7 +227,10 @@ def test_installed_triton_puts_lanes_on_the_value_axis():
     three_d = ast.literal_eval(three_d)
     assert three_d, "no 3-D state layout in the compiled kernel"
     v_axis = 0 if v_first == "True" else 1
-    assert all(t[2] == 8 and t[v_axis] == 4 for t in three_d), three_d
+    # the tile itself, and its [BV, KC, KB] view that the key-block sum folds (triton_recurrent._fold_last)
+    tile = [t for t in three_d if t[2] == 8 and t[v_axis] == 4]
+    assert tile, three_d
+    assert all(t in tile or t == (4, 8, 1) for t in three_d), three_d
 
 
 @pytest.mark.parametrize("plat, env, want", [
@@ -247,3 +253,43 @@ def test_programmatic_dependent_launch_only_on_sm90_and_newer(monkeypatch, plat,
     else:
         monkeypatch.setenv("SGL_HYBRID_LANES_PDL", env)
     assert rec.lanes_pdl(torch.device("cpu")) is want
+
+
+@pytest.mark.parametrize("version, plain, per_channel, want", [
+    ((3, 6), True, False, True),  # Triton 3.6: every window keeps it
+    ((3, 8), True, False, False),  # 3.7+: plain GDN windows launch plainly
+    ((3, 8), True, True, True),  # KDA plain windows keep it
+    ((3, 8), False, False, True),  # GDN deferred / snapshot windows keep it
+])
+def test_plain_gdn_windows_skip_programmatic_dependent_launch_from_triton_3_7(monkeypatch, version, plain, per_channel,
+                                                                               want):
+    """``lanes_pdl``'s version rule (H200 figures in its docstring): only plain windows with a per-head decay
+    (GDN) under Triton >= 3.7 lose the programmatic dependent launch; the kernel pair honours the answer."""
+    from sgl_hybrid_kernel.platform import DevicePlatform
+
+    monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform("cuda", "sm90"))
+    monkeypatch.setattr(rec, "TRITON_VERSION", version)
+    monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
+    assert rec.lanes_pdl(torch.device("cpu"), plain, per_channel) is want
+    assert rec.lanes_pdl(torch.device("cpu")) is True  # callers that do not name the window keep the old answer
+
+
+@triton.jit
+def _fold_kernel(x_ptr, o_ptr, A: tl.constexpr, C: tl.constexpr, N: tl.constexpr):
+    o = tl.arange(0, A)[:, None, None] * (C * N) + tl.arange(0, C)[None, :, None] * N + tl.arange(0, N)[None, None, :]
+    s = _fold_last(tl.load(x_ptr + o), N)
+    tl.store(o_ptr + tl.arange(0, A)[:, None] * C + tl.arange(0, C)[None, :], s)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_fold_last_adds_in_index_order(n):
+    """``_fold_last`` (the lanes and one-warp kernels' in-thread key sums) adds ``((x0 + x1) + x2) + ...``:
+    with ``x = [2^25, 1, -2^25, 1, 0, ...]`` FP32 index order gives 1 (``2^25 + 1`` rounds back to ``2^25``),
+    a balanced tree 0 and a wrong pairing of the splits (``x0 + x2 + x1 + x3``) 2."""
+    row = torch.zeros(n)
+    row[:4 if n >= 4 else n] = torch.tensor([2.0 ** 25, 1.0, -2.0 ** 25, 1.0][:n])
+    x = row.repeat(2, 2, 1).contiguous()
+    out = torch.empty(2, 2)
+    _fold_kernel[(1,)](x, out, A=2, C=2, N=n)
+    want = {2: 2.0 ** 25, 4: 1.0, 8: 1.0}[n]
+    assert torch.equal(out, torch.full((2, 2), want)), out

@@ -508,18 +508,33 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     return None
 
 
-def lanes_pdl(device: torch.device) -> bool:
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+# From this Triton version a plain GDN window (per-head decay, PLAIN binary) runs slower as a programmatic
+# dependent launch (lanes_pdl)
+LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON = (3, 7)
+
+
+def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool = True) -> bool:
     """Whether the lanes kernel starts as a programmatic dependent launch of its prologue (Triton
     ``launch_pdl``): it loads its state slice and replays the previous window's records while the
     prologue runs, and waits (``gdc_wait``) only before reading the prologue's outputs. NVIDIA sm_90 and
     newer with a Triton that has grid dependency control; never on ROCm or CPU. ``SGL_HYBRID_LANES_PDL=0``
-    turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md, tenth round)."""
+    turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md, tenth round).
+
+    Not for a plain window with a per-head decay (GDN; ``plain`` and not ``per_channel_decay``) under
+    Triton >= 3.7 (:data:`LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON`): H200, Triton 3.8, 2026-12-02
+    (docs/kernels.md, nineteenth round), GDN T=5 B = 32 / 128 60.74 / 224.23 us with it, 50.93 / 177.32
+    without (the lanes kernel itself 58.6 -> 48.4 us, its binary the same apart from the wait); KDA's plain
+    windows 16.50 / 47.85 with it, 17.52 / 49.67 without, GDN deferred windows 68.49 / 68.59. Triton 3.6
+    gained from it in every mode (GDN plain B=32 49.40 vs 49.85), so it keeps it."""
     import os
 
     if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0" or gdc_wait is None:
         return False
     plat = device_platform(device)
     if plat.device != "cuda" or not (plat.arch or "").startswith("sm"):
+        return False
+    if plain and not per_channel_decay and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON:
         return False
     return int(plat.arch[2:]) >= 90
 
@@ -541,7 +556,7 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
     dec = torch.empty((N, HV, K) if per_channel else (N, HV), device=dev, dtype=torch.float32)
     bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
     hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
-    pdl = lanes_pdl(q.device)
+    pdl = lanes_pdl(q.device, plain, per_channel)
     token_prep_kernel[(N, HV // hb)](
         q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
         replay_buffer if replay_buffer is not None else bq, scale, lower_bound,

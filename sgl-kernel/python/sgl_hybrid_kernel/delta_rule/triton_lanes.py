@@ -46,7 +46,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, _softplus
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, _fold_last, _softplus
 
 try:  # grid dependency control (programmatic dependent launch, sm_90+); only compiled in with PDL=True
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -162,11 +162,11 @@ def prep_heads_per_program(num_v_heads: int, num_tokens: int = 1 << 30, num_comp
 
 @triton.jit
 def _lanes_sum(x, V_FIRST: tl.constexpr):
-    """Sum a state-shaped tile over its two key axes (the in-thread key blocks first): ``[BV]``."""
+    """Sum a state-shaped tile over its two key axes (the in-thread key blocks first, in order): ``[BV]``."""
     if V_FIRST:  # [BV, KB, KC]
-        return tl.sum(tl.sum(x, axis=1), axis=1)
+        return tl.sum(_fold_last(tl.permute(x, (0, 2, 1)), x.shape[1]), axis=1)
     else:  # [KB, BV, KC]
-        return tl.sum(tl.sum(x, axis=0), axis=1)
+        return tl.sum(_fold_last(tl.permute(x, (1, 2, 0)), x.shape[0]), axis=1)
 
 
 @triton.jit

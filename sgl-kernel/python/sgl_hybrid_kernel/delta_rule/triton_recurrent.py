@@ -141,6 +141,53 @@ def _xred_col(lane, BV: tl.constexpr):
 
 
 @triton.jit
+def _fold_last(x, N: tl.constexpr):
+    """Sum ``x [A, C, N]`` over its in-thread last axis in index order, ``((x0 + x1) + x2) + ...``, so
+    that a sum of products compiles to one multiply and a chain of FMAs (N in 1, 2, 4, 8; else tl.sum).
+    Triton 3.7+ reduces a thread's own elements as a balanced tree (triton-lang/triton#9220), which turns
+    the chain of ``N - 1`` FMAs into ``N / 2`` multiplies, ``N / 2`` FMAs and ``N / 2 - 1`` adds."""
+    BV: tl.constexpr = x.shape[0]  # A
+    KC: tl.constexpr = x.shape[1]  # C
+    if N == 1:
+        return tl.reshape(x, [BV, KC])
+    elif N == 2:
+        a, b = tl.split(x)
+        return a + b
+    elif N == 4:
+        e, o = tl.split(tl.reshape(x, [BV, KC, 2, 2]))
+        x0, x2 = tl.split(e)
+        x1, x3 = tl.split(o)
+        return ((x0 + x1) + x2) + x3
+    elif N == 8:
+        e, o = tl.split(tl.reshape(x, [BV, KC, 4, 2]))
+        e0, e1 = tl.split(tl.reshape(e, [BV, KC, 2, 2]))
+        o0, o1 = tl.split(tl.reshape(o, [BV, KC, 2, 2]))
+        x0, x4 = tl.split(e0)
+        x2, x6 = tl.split(e1)
+        x1, x5 = tl.split(o0)
+        x3, x7 = tl.split(o1)
+        return ((((((x0 + x1) + x2) + x3) + x4) + x5) + x6) + x7
+    else:
+        return tl.sum(x, axis=2)
+
+
+@triton.jit
+def _key_sum(X, SEQ: tl.constexpr):
+    """``X [BK, BV]`` summed over the keys: ``[BV]``. ``SEQ`` (a one-warp program on a V-major pool with
+    ``BK % 32 == 0``: 32 lanes on the keys, ``BK / 32`` consecutive keys per thread, as :func:`_xred_pair`
+    assumes) adds each thread's keys in index order (:func:`_fold_last`), then across the lanes as ``tl.sum``
+    does; so a sum of products compiles to a multiply and a chain of FMAs under every Triton version (3.7+
+    would make the thread's part a tree). Without ``SEQ``: ``tl.sum``."""
+    if SEQ:
+        BK: tl.constexpr = X.shape[0]
+        BV: tl.constexpr = X.shape[1]
+        R: tl.constexpr = BK // 32
+        return tl.sum(_fold_last(tl.permute(tl.reshape(X, [32, R, BV]), (0, 2, 1)), R), axis=0)
+    else:
+        return tl.sum(X, axis=0)
+
+
+@triton.jit
 def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr):
     """Key-axis sums of two ``[BK, BV]`` FP32 tiles in the state's layout (32 lanes on the keys, ``BK / 32``
     consecutive keys per thread, every column in each thread: what Triton lays out for ``BK == 128`` on an aligned
@@ -153,8 +200,8 @@ def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexp
     Issue 4 (sixteenth round, docs/kernels.md)."""
     R: tl.constexpr = BK // 32
     tl.static_assert(BK % 32 == 0 and BV <= 16, "XRED: BK a multiple of 32, at most 16 columns")
-    Px = tl.sum(tl.reshape(X, [32, R, BV]), axis=1)
-    Py = tl.sum(tl.reshape(Y, [32, R, BV]), axis=1)
+    Px = _fold_last(tl.permute(tl.reshape(X, [32, R, BV]), (0, 2, 1)), R)  # in index order, as _key_sum's SEQ
+    Py = _fold_last(tl.permute(tl.reshape(Y, [32, R, BV]), (0, 2, 1)), R)
     up = (lane & 16) != 0
     Z = tl.where(up, Py, Px) + _lane_xor(tl.where(up, Px, Py), lane, 16, XRED)
     N8: tl.constexpr = BV
@@ -216,16 +263,16 @@ def _lane_scale(x, f, BK: tl.constexpr):
 
 
 @triton.jit
-def _delta_update(S, k, v, decay, beta):
+def _delta_update(S, k, v, decay, beta, SEQ: tl.constexpr = False):
     """One token of the delta rule on a ``[BK, BV]`` state slice; ``decay`` is
     ``[BK]`` (per channel) or a scalar. Returns the new state, the decayed state ``S'``
-    and ``err = v - k.S'``. Shared by verify and deferred-commit replay so both
-    execute the same FP32 operations in the same order (bit-exact replay)."""
+    and ``err = v - k.S'`` (key sum: :func:`_key_sum` with ``SEQ``). Shared by verify and
+    deferred-commit replay so both execute the same FP32 operations in the same order (bit-exact replay)."""
     if decay.shape == k.shape:
         S = S * decay[:, None]
     else:
         S = S * decay
-    err = v - tl.sum(S * k[:, None], axis=0)
+    err = v - _key_sum(S * k[:, None], SEQ)
     return S + (beta * k)[:, None] * err[None, :], S, err
 
 
@@ -309,7 +356,7 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
                       T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       o_k, o_v, m_k, m_v, m_kv, GATE: tl.constexpr, L2NORM: tl.constexpr,
                       FAST: tl.constexpr = False, XRED: tl.constexpr = 0, lane=None, m_vs=None,
-                      BK: tl.constexpr = 0, BV: tl.constexpr = 0, XNORM: tl.constexpr = False):
+                      BK: tl.constexpr = 0, BV: tl.constexpr = 0, XNORM: tl.constexpr = False, SEQ: tl.constexpr = False):
     """Steps 2 and 3 of the kernel with per-token inputs (``PRELOAD=False``): only the next
     token's raw inputs are in flight beside the current token's (loaded one token ahead), so a
     16-column one-warp tile keeps the ``[K, BV]`` state slice, its decayed copy and two tokens'
@@ -382,8 +429,8 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_vs)
         else:
             qk = tl.sum(q * k, axis=0)
-            S, Sd, err = _delta_update(S, k, v, d, b)
-            o = tl.sum(Sd * q[:, None], axis=0) + (b * qk) * err
+            S, Sd, err = _delta_update(S, k, v, d, b, SEQ)
+            o = _key_sum(Sd * q[:, None], SEQ) + (b * qk) * err
             tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
         if SAVE_INTER:
             islot = tl.load(inter_idx_ptr + n).to(tl.int64)
@@ -573,7 +620,7 @@ def gated_delta_recurrent_kernel(
 
 @triton.jit
 def _replay_records(S, rec_base, n_acc, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    GK: tl.constexpr, FAST: tl.constexpr = False):
+                    GK: tl.constexpr, FAST: tl.constexpr = False, SEQ: tl.constexpr = False):
     """Apply tokens 1 .. n_acc - 1 of a deferred window from their records, one record per
     iteration of a runtime loop (no record tiles held in registers)."""
     RW: tl.constexpr = K + GK + 1 + V
@@ -584,7 +631,7 @@ def _replay_records(S, rec_base, n_acc, i_hv, o_k, o_v, m_k, m_v, HV: tl.constex
             d = _fexp(tl.load(rec + K), FAST)
         else:
             d = _fexp(tl.load(rec + K + o_k, mask=m_k, other=0.0), FAST)
-        S, _, _ = _delta_update(S, k, tl.load(rec + K + GK + 1 + o_v, mask=m_v, other=0.0), d, tl.load(rec + K + GK))
+        S, _, _ = _delta_update(S, k, tl.load(rec + K + GK + 1 + o_v, mask=m_v, other=0.0), d, tl.load(rec + K + GK), SEQ)
     return S
 
 
@@ -679,6 +726,8 @@ def gated_delta_verify_wide_kernel(
         o_vt = o_v
         m_vt = m_v
         m_vs = m_v
+    # key sums in index order per thread (_key_sum): the layout XRED assumes, with or without XRED
+    SEQ: tl.constexpr = s_k == 1 and BK % 32 == 0
 
     # The slot index first (the state load waits on it). A verify window then issues token 0's raw inputs
     # and the head's gate parameters before the padding-row branch waits for the index, so its per-token
@@ -712,8 +761,8 @@ def gated_delta_verify_wide_kernel(
     elif REPLAY_PREV:
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
-                            m_k, m_v, HV, K, V, GK, FAST)
+                            m_k, m_v, HV, K, V, GK, FAST, SEQ)
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
                       DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
-                      BV, XRED != 0 and not PLAIN)
+                      BV, XRED != 0 and not PLAIN, SEQ)
