@@ -1118,7 +1118,9 @@ def _load_baseline(path):
 def bench_chunk_state(results, variants=None, baseline=None):
     """Chunk-64 prefill (issue 4), Kimi K3 TP8 (12 KDA heads x 128, safe gate, BF16 activations, TF32
     products, BF16 intermediates): launch-table variants of the state pass (value tile, warps,
-    pipelining stages) and the in-chunk kernel's warps, vs fla ``chunk_kda`` in the same process;
+    pipelining stages) and the in-chunk kernel's warps, vs fla ``chunk_kda`` in the same process, both given
+    host lengths as serving gives them (before 2026-12-02 neither was: each call then read the offsets back,
+    one sync per call, which put 0.16-0.44 ms of host time into our eager figure under Triton 3.8);
     eager ``do_bench`` median and the profiler's per-kernel times; relative difference to fla.
     ``baseline``: path of an older checkout's package, timed as variant ``baseline`` (its table)."""
     import dataclasses
@@ -1148,20 +1150,21 @@ def bench_chunk_state(results, variants=None, baseline=None):
         pool0 = torch.randn(B, H, K, V, device=DEV) * 0.1
         pool = pool0.clone()
         idx = torch.arange(B, device=DEV, dtype=torch.int32)
-        cu64 = cu.long()
+        cu64, cu_cpu = cu.long(), cu.long().cpu()
+        lens = [T] * B  # host lengths for both, as serving passes them (without: one .tolist() sync per call)
 
         def fla_call():
             return chunk_kda(q.view(1, N, H, K), k.view(1, N, H, K), v.view(1, N, H, V), f.view(1, N, H, K), b.view(1, N, H),
                              scale=K ** -0.5, initial_state=pool, output_final_state=True, use_qk_l2norm_in_kernel=True,
                              use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LB,
-                             A_log=A, dt_bias=dtb, cu_seqlens=cu64)
+                             A_log=A, dt_bias=dtb, cu_seqlens=cu64, cu_seqlens_cpu=cu_cpu)
 
         fms = triton.testing.do_bench(fla_call, warmup=50, rep=300, return_mode="median")
         fper, ftot = _kernel_us(fla_call)
         pool.copy_(pool0)
         o_fla, s_fla = fla_call()
         o_fla = o_fla.view(N, H, V).float()
-        row = dict(op="kda_chunk_prefill_state_pass", B=B, T=T, H=H, K=K, V=V, launch_base=str(base), fla_ms=fms,
+        row = dict(op="kda_chunk_prefill_state_pass", B=B, T=T, H=H, K=K, V=V, host_lengths=True, launch_base=str(base), fla_ms=fms,
                    fla_mtok_s=N / (fms * 1e-3) / 1e6, fla_kernel_sum_us=ftot, fla_kernel_us_per_call=fper, variants={})
         rows.append(row)
         print(B, T, f"fla {fms:.3f} ms, kernels {ftot:.1f} us", flush=True)
@@ -1175,7 +1178,8 @@ def bench_chunk_state(results, variants=None, baseline=None):
                 fn = gated_delta_chunk_triton
                 cp_mod.CHUNK_LAUNCH[key] = dataclasses.replace(base, **over)
             call = lambda: fn(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB,  # noqa: E731
-                              method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False)
+                              method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False,
+                              seq_lens_cpu=lens)
             before = _compiled_entries(tcp_mod)
             try:
                 ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
