@@ -1120,7 +1120,8 @@ def bench_chunk_state(results, variants=None, baseline=None):
     products, BF16 intermediates): launch-table variants of the state pass (value tile, warps,
     pipelining stages) and the in-chunk kernel's warps, vs fla ``chunk_kda`` in the same process, both given
     host lengths as serving gives them (before 2026-12-02 neither was: each call then read the offsets back,
-    one sync per call, which put 0.16-0.44 ms of host time into our eager figure under Triton 3.8);
+    one sync per call, and under Triton 3.8 our eager figure exceeded our kernel sum by 0.16-0.44 ms, fla's
+    by none);
     eager ``do_bench`` median and the profiler's per-kernel times; relative difference to fla.
     ``baseline``: path of an older checkout's package, timed as variant ``baseline`` (its table)."""
     import dataclasses
