@@ -274,6 +274,47 @@ def test_plain_gdn_windows_skip_programmatic_dependent_launch_from_triton_3_7(mo
     assert rec.lanes_pdl(torch.device("cpu")) is True  # callers that do not name the window keep the old answer
 
 
+@pytest.mark.parametrize("version", [(3, 6), (3, 8)])
+def test_lanes_pair_launches_as_the_pdl_rule_says(monkeypatch, version):
+    """The wrapper hands ``lanes_pdl``'s answer for the window to both kernels of the pair (``PDL``) and to the
+    lanes kernel's launch (``launch_pdl``): on an sm_90 device under Triton 3.8 a plain GDN window goes without it,
+    a plain KDA window and a deferred GDN window with it; under 3.6 all three with it. Kernels replaced by spies."""
+    from sgl_hybrid_kernel.platform import DevicePlatform
+
+    if rec.gdc_wait is None:
+        pytest.skip("this Triton has no grid dependency control: lanes_pdl is always False")
+    launched = []
+
+    class Spy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append((self.name, kw.get("PDL"), kw.get("launch_pdl", False)))
+
+    for name in ("gated_delta_verify_lanes_kernel", "token_prep_kernel"):
+        monkeypatch.setattr(rec, name, Spy(name))
+    monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform("cuda", "sm90"))
+    monkeypatch.setattr(rec, "TRITON_VERSION", version)
+    monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
+    gen = torch.Generator().manual_seed(25)
+
+    def launch(B, T, H, HV, gate, **kw):
+        q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, 128, 128, gate)
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, torch.zeros(B, HV, 128, 128), torch.arange(B, dtype=torch.int32),
+                                     T, gate, -5.0 if gate == "kda" else None, state_layout="vk", key_lanes=8,
+                                     value_tile=16, **kw)
+        got = launched[-2:]
+        launched.clear()
+        return got
+
+    on = version >= (3, 7)
+    pair = lambda pdl: [("token_prep_kernel", pdl, False), ("gated_delta_verify_lanes_kernel", pdl, pdl)]  # noqa: E731
+    assert launch(4, 5, 16, 48, "gdn", commit=False) == pair(not on)
+    assert launch(4, 4, 12, 12, "kda", commit=False) == pair(True)
+    assert launch(4, 5, 16, 48, "gdn", replay_buffer=torch.zeros(4, 4, 48, 128 + 1 + 1 + 128)) == pair(True)
+
+
 @triton.jit
 def _fold_kernel(x_ptr, o_ptr, A: tl.constexpr, C: tl.constexpr, N: tl.constexpr):
     o = tl.arange(0, A)[:, None, None] * (C * N) + tl.arange(0, C)[None, :, None] * N + tl.arange(0, N)[None, None, :]
@@ -281,15 +322,23 @@ def _fold_kernel(x_ptr, o_ptr, A: tl.constexpr, C: tl.constexpr, N: tl.constexpr
     tl.store(o_ptr + tl.arange(0, A)[:, None] * C + tl.arange(0, C)[None, :], s)
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_fold_last_adds_in_index_order(n):
-    """``_fold_last`` (the lanes and one-warp kernels' in-thread key sums) adds ``((x0 + x1) + x2) + ...``:
-    with ``x = [2^25, 1, -2^25, 1, 0, ...]`` FP32 index order gives 1 (``2^25 + 1`` rounds back to ``2^25``),
-    a balanced tree 0 and a wrong pairing of the splits (``x0 + x2 + x1 + x3``) 2."""
-    row = torch.zeros(n)
-    row[:4 if n >= 4 else n] = torch.tensor([2.0 ** 25, 1.0, -2.0 ** 25, 1.0][:n])
-    x = row.repeat(2, 2, 1).contiguous()
-    out = torch.empty(2, 2)
-    _fold_kernel[(1,)](x, out, A=2, C=2, N=n)
-    want = {2: 2.0 ** 25, 4: 1.0, 8: 1.0}[n]
-    assert torch.equal(out, torch.full((2, 2), want)), out
+    """``_fold_last`` (the lanes and one-warp kernels' in-thread key sums) adds ``((x0 + x1) + x2) + ...`` per row:
+    random FP32 values over 40 binary orders of magnitude, different in every row, equal bit for bit to a
+    left-to-right FP32 sum of the same row; for n >= 4 a balanced tree of the same values differs somewhere
+    (so the check tells the two orders apart)."""
+    gen = torch.Generator().manual_seed(n)
+    A, C = 2, 4
+    x = (torch.randn(A, C, n, generator=gen).sign() * torch.exp2(torch.rand(A, C, n, generator=gen) * 40 - 20)).float()
+    want = x[..., 0].clone()
+    for j in range(1, n):
+        want = want + x[..., j]  # FP32, index order
+    out = torch.empty(A, C)
+    _fold_kernel[(1,)](x.contiguous(), out, A=A, C=C, N=n)
+    assert torch.equal(out, want), (out - want).abs().max()
+    if n >= 4:
+        tree = x
+        while tree.shape[-1] > 1:
+            tree = tree[..., 0::2] + tree[..., 1::2]
+        assert not torch.equal(tree[..., 0], want)

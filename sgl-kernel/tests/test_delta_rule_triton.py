@@ -224,6 +224,43 @@ def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
         gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb1, replay_prev=rb1, accept_prev=acc1)
 
 
+@pytest.mark.parametrize("gate,value_tile", [("gdn", 8), ("kda", 4)])
+def test_deferred_commit_is_bit_exact_with_in_order_key_sums(gate, value_tile):
+    """The one-warp kernel on the 128-key V-major pool, where ``recurrent.use_seq_key_sums`` turns ``SEQ`` on (the
+    interpreter runs it; CUDA sm_90 does too): a deferred window, its fused replay and ``replay_commit`` equal the
+    snapshot path bit for bit, so verify and replay add every key sum in the same order. (A replay summing with
+    ``tl.sum`` while its verify folds differs here in the last bits.)"""
+    from sgl_hybrid_kernel.delta_rule.recurrent import use_seq_key_sums
+
+    gen = torch.Generator().manual_seed(31)
+    B, T, H, HV, K, V = 3, 4, 1, 2, 128, 16
+    w1 = _batch(gen, B, T, H, HV, K, V, gate)
+    w2 = _batch(gen, B, T, H, HV, K, V, gate)[:5]
+    A, dtb = w1[5], w1[6]
+    pool = torch.randn(6, HV, V, K, generator=gen)
+    assert use_seq_key_sums(torch.device("cpu"), "vk", 1, K, 1, pool)
+    assert not use_seq_key_sums(torch.device("cpu"), "vk", 1, 64, 1, pool[..., :64])  # another key width: off
+    kw = dict(state_layout="vk", value_tile=value_tile)
+    idx, acc1, acc2 = torch.tensor([4, 1, 3]), torch.tensor([2, 4, 1]), torch.tensor([3, 1, 4])
+    N, gk = B * T, (1 if gate == "gdn" else K)
+    p_snap, inter = pool.clone(), torch.zeros(N, HV, V, K)
+    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter,
+                                      inter_indices=torch.arange(N), **kw)
+    for i, (s, a) in enumerate(zip(idx.tolist(), acc1.tolist())):
+        p_snap[s] = inter[i * T + a - 1]
+    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter,
+                                      inter_indices=torch.arange(N), **kw)
+    p_def = pool.clone()
+    rb1, rb2 = (torch.zeros(6, T - 1, HV, K + gk + 1 + V) for _ in range(2))
+    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, **kw)
+    d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
+                                      **kw)
+    replay_commit(p_def, idx, acc2, rb2, K, gate, **kw)
+    assert torch.equal(o1, d1) and torch.equal(o2, d2)
+    for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
+        assert torch.equal(p_def[s], inter[i * T + a - 1])
+
+
 @pytest.mark.parametrize("gate,T,value_tile", [("gdn", 5, 8), ("kda", 3, 4), ("gdn", 2, 16), ("kda", 5, 16)])
 def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
     """Windows whose T (and T - 1 replay records) are not powers of two are padded to the next

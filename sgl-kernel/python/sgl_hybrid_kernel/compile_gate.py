@@ -173,7 +173,8 @@ def shuffle_layout_error(ttgir: str) -> Optional[str]:
 def compiled_asm(config_name: str, target: str = "sm90") -> Dict[str, str]:
     """The compiled kernel's ``asm`` dict (``ttgir``, ``ptx`` / ``amdgcn``, ...) of the config named
     ``config_name`` (for tests of what Triton made of a kernel)."""
-    compiled = _compile(next(c for c in kernel_configs() if c.name == config_name), target)
+    named = [c for c in kernel_configs() if c.name == config_name]  # one per target group for some rows
+    compiled = _compile(next((c for c in named if target in c.targets), named[0]), target)
     return {k: v for k, v in compiled.asm.items() if isinstance(v, str)}
 
 
@@ -215,12 +216,20 @@ def kernel_configs() -> List[KernelConfig]:
 
     def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
-        return KernelConfig(name, gated_delta_verify_wide_kernel,
-                            dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, **shape,
-                                 **lay["constexprs"], **tile),
-                            num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile),
-                            # FAST, XRED: CUDA only (recurrent.use_fast_gate, recurrent.use_xred)
-                            targets=("sm90",) if (fast or xred) else tuple(TARGETS))
+
+        def cfg(targets, seq):
+            return KernelConfig(name, gated_delta_verify_wide_kernel,
+                                dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, SEQ=seq, **shape,
+                                     **lay["constexprs"], **tile),
+                                num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile), targets=targets)
+
+        # FAST, XRED: CUDA only (recurrent.use_fast_gate, recurrent.use_xred); SEQ on the V-major pool on the
+        # sm_90 rows only, as recurrent.use_seq_key_sums launches it
+        if fast or xred:
+            return [cfg(("sm90",), lay is vk)]
+        if lay is vk:
+            return [cfg(("sm90",), True), cfg(tuple(t for t in TARGETS if t != "sm90"), False)]
+        return [cfg(tuple(TARGETS), False)]
 
     out += [rec("kda_decode_bv16", 1, 16, GATE_KDA_SAFE, kda, vk), rec("kda_decode_bv4", 1, 4, GATE_KDA_SAFE, kda, vk),
             rec("kda_verify_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk), rec("gdn_decode_bv16", 1, 16, GATE_GDN, gdn, vk),
@@ -277,10 +286,15 @@ def kernel_configs() -> List[KernelConfig]:
     # dependent launch pair (PDL, recurrent.lanes_pdl), on CDNA without
     by_pdl = ((("gfx942", "gfx950"), False), (("sm90",), True))
 
+    from sgl_hybrid_kernel.delta_rule.recurrent import LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON, TRITON_VERSION
+
     def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
+        # plain GDN windows launch without PDL from Triton 3.7 (recurrent.lanes_pdl)
+        no_pdl = plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
         return [KernelConfig(name, gated_delta_verify_lanes_kernel,
                              dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), PLAIN=plain,
-                                  SNAPSHOTS=snapshots, PDL=pdl, s_v=shape["K"], **{d: shape[d] for d in ("H", "HV", "K", "V")}),
+                                  SNAPSHOTS=snapshots, PDL=pdl and not no_pdl, s_v=shape["K"],
+                                  **{d: shape[d] for d in ("H", "HV", "K", "V")}),
                              num_warps=1, divisible=lptrs + ("s_slot", "s_h", "is_slot"), targets=targets)
                 for targets, pdl in by_pdl]
 
@@ -324,6 +338,7 @@ def kernel_configs() -> List[KernelConfig]:
         ("gdn_chunk_bv32", dict(H=16, HV=48, GATE=GATE_GDN, FACTORIZED=False)),
     ):
         out.append(KernelConfig(name, gated_delta_chunk_kernel, dict(K=128, V=128, **extra, **chunk), num_warps=8, targets=("sm90",)))
+    out = [c for x in out for c in (x if isinstance(x, list) else [x])]  # wide() rows come as lists (per target)
     out += chunk_parallel_configs() + chunk_group_scan_configs()
     return out + attention_moe_configs() + fp8_linear_configs()
 

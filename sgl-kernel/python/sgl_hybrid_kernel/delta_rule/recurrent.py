@@ -331,8 +331,9 @@ def gated_delta_recurrent_triton(
                              f"65 <= K <= 128, 2 to 16 value columns and an aligned pool (recurrent.xred_aligned) "
                              f"(state_layout={state_layout!r}, K={K}, value_tile={BV}, num_warps={num_warps or 1}, "
                              f"aligned={aligned})")
+        seq = use_seq_key_sums(q.device, state_layout, state.stride(3), K, num_warps or 1, state)
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
-                                                             XRED=xr)
+                                                             XRED=xr, SEQ=seq)
         warps = num_warps or 1
     else:
         if xred:
@@ -416,10 +417,30 @@ def xred_aligned(*pools: Optional[torch.Tensor]) -> bool:
 XRED_ARCHS = ("sm90",)
 
 
+def use_seq_key_sums(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, num_warps: int,
+                     state: torch.Tensor) -> bool:
+    """``SEQ`` of the one-warp verify kernel (``triton_recurrent._key_sum``): every key sum through an in-order view
+    of the thread's 4 keys, which keeps it a chain of FMAs under Triton 3.7+ (whose in-thread reductions are
+    trees, triton-lang/triton#9220). Only where the state tile's layout is the one that view matches -- the
+    conditions of :func:`xred_shape_ok` apart from the value tile, with the alignment of the **state pool only**
+    (every call of a window, with or without a snapshot pool, must answer alike: a replay adds as its verify
+    did) -- on the CUDA archs the compile gate checks (:data:`XRED_ARCHS`), and in the interpreter (so the CPU tests
+    run it). Elsewhere (ROCm, other key widths, unaligned pools) the view would convert layouts and could group a
+    replay's sums unlike its verify's: off. H200, Triton 3.8, 2026-12-02 (docs/kernels.md, nineteenth round): KDA
+    decode B=1 2.53 -> 2.48 us, KDA verify T=4 B = 32 / 128 17.17 / 50.98 -> 16.05 / 47.70 (with the lanes kernel's
+    fold); under Triton 3.6 the binaries are unchanged."""
+    if not xred_shape_ok(state_layout, key_stride, head_k_dim, 4, num_warps, xred_aligned(state)):
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return (device.type == "cuda" and torch.version.hip is None and device_platform(device).arch in XRED_ARCHS)
+
+
 def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int,
              num_warps: int = 1, aligned: bool = True) -> int:
     """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
-    as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies): 1 (CUDA shuffles)
+    as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies after the in-order
+    sums of ``SEQ``, which the kernel turns on with it): 1 (CUDA shuffles)
     below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), on the
     archs of :data:`XRED_ARCHS` (those whose compiled shuffle layouts the compile gate checks: the lane arithmetic
     assumes Triton's layouts there), inside :func:`xred_shape_ok`. Decode, plain verify and every all-modes window

@@ -173,11 +173,14 @@ def _fold_last(x, N: tl.constexpr):
 
 @triton.jit
 def _key_sum(X, SEQ: tl.constexpr):
-    """``X [BK, BV]`` summed over the keys: ``[BV]``. ``SEQ`` (a one-warp program on a V-major pool with
-    ``BK % 32 == 0``: 32 lanes on the keys, ``BK / 32`` consecutive keys per thread, as :func:`_xred_pair`
-    assumes) adds each thread's keys in index order (:func:`_fold_last`), then across the lanes as ``tl.sum``
-    does; so a sum of products compiles to a multiply and a chain of FMAs under every Triton version (3.7+
-    would make the thread's part a tree). Without ``SEQ``: ``tl.sum``."""
+    """``X [BK, BV]`` summed over the keys: ``[BV]``. ``SEQ`` views the tile as ``[32, BK / 32, BV]`` and adds each
+    thread's keys in index order (:func:`_fold_last`), then across the lanes as ``tl.sum`` does. Only for the
+    layout :func:`_xred_pair` assumes -- one warp of 32 lanes on the keys, 4 consecutive keys per thread, which
+    Triton picks for a 128-key tile of an aligned V-major pool (``recurrent.use_seq_key_sums`` decides on the
+    host): there the view costs nothing and a sum of products compiles to a multiply and a chain of FMAs under
+    every Triton version (3.7+ would make the thread's part a tree). Under another layout the view would
+    convert layouts, and the replay loop's and the verify chain's sums could compile to different groupings
+    (no longer bit-exact). Without ``SEQ``: ``tl.sum``."""
     if SEQ:
         BK: tl.constexpr = X.shape[0]
         BV: tl.constexpr = X.shape[1]
@@ -194,8 +197,10 @@ def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexp
     V-major pool, ``recurrent.xred_shape_ok``) as one reduce-scatter instead of ``2 BV``
     all-reduce butterflies: the in-thread partial sums, then lane mask 16 splits ``X`` from ``Y`` and masks
     8, 4, 2, 1 halve the columns while ``BV`` allows (plain all-reduce steps after that). The same
-    additions in the same order as ``tl.sum`` over axis 0 (Triton's warp reduction: own value plus the
-    lane-mask-16, 8, 4, 2, 1 partner's), so bit-identical. Shuffles per token at 8 columns: 16 + 2 instead
+    additions in the same order as :func:`_key_sum` with ``SEQ`` (the thread's keys in index order, then Triton's
+    warp reduction: own value plus the lane-mask-16, 8, 4, 2, 1 partner's), so bit-identical; the kernel turns
+    ``SEQ`` on wherever ``XRED`` is (under Triton 3.6 also identical to ``tl.sum``, whose in-thread part 3.7+ makes
+    a tree). Shuffles per token at 8 columns: 16 + 2 instead
     of 80 (``2 BV x 5``). Returns ``(x, y)`` ``[32, 1]``: the sums of column :func:`_xred_col` in every lane.
     Issue 4 (sixteenth round, docs/kernels.md)."""
     R: tl.constexpr = BK // 32
@@ -676,6 +681,7 @@ def gated_delta_verify_wide_kernel(
     PLAIN: tl.constexpr,
     FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
     XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.use_xred)
+    SEQ: tl.constexpr = False,  # key sums via _key_sum's in-order view (recurrent.use_seq_key_sums; on wherever XRED is)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -695,7 +701,9 @@ def gated_delta_verify_wide_kernel(
     replays a plain window.
 
     ``XRED`` (V-major pool, ``s_k == 1``, one warp): each token's two key-axis sums as one
-    reduce-scatter across the warp (:func:`_xred_pair`), bit-identical to ``tl.sum``'s butterflies."""
+    reduce-scatter across the warp (:func:`_xred_pair`), bit-identical to :func:`_key_sum` with ``SEQ``.
+    ``SEQ`` (also on wherever ``XRED`` is): every key sum of verify and replay through :func:`_key_sum`'s
+    in-order view, so the thread's part stays a chain of FMAs under Triton 3.7+ (issue 4, nineteenth round)."""
     COMMIT = (flags & 1) != 0  # FLAG_COMMIT
     SAVE_INTER = (flags & 2) != 0  # FLAG_SAVE_INTER
     DEFERRED = (flags & 4) != 0  # FLAG_DEFERRED
@@ -726,8 +734,9 @@ def gated_delta_verify_wide_kernel(
         o_vt = o_v
         m_vt = m_v
         m_vs = m_v
-    # key sums in index order per thread (_key_sum): the layout XRED assumes, with or without XRED
-    SEQ: tl.constexpr = s_k == 1 and BK % 32 == 0
+    # key sums through _key_sum's in-order view: the host's answer (recurrent.use_seq_key_sums), and always with
+    # XRED, whose reduce-scatter adds in that order (a replay must add as its verify did)
+    SEQK: tl.constexpr = SEQ or XRED != 0
 
     # The slot index first (the state load waits on it). A verify window then issues token 0's raw inputs
     # and the head's gate parameters before the padding-row branch waits for the index, so its per-token
@@ -761,8 +770,8 @@ def gated_delta_verify_wide_kernel(
     elif REPLAY_PREV:
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
-                            m_k, m_v, HV, K, V, GK, FAST, SEQ)
+                            m_k, m_v, HV, K, V, GK, FAST, SEQK)
     _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                       replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
                       DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
-                      BV, XRED != 0 and not PLAIN, SEQ)
+                      BV, XRED != 0 and not PLAIN, SEQK)
