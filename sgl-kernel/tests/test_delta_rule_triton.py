@@ -192,58 +192,26 @@ def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
     """Seeds digest item 12: the scalar replay equals writing every snapshot, bit for bit,
     both as a separate commit and fused into the next window (``preload`` True / False: both input
     paths of the register-tile kernel; ``None``: the default one-warp per-token kernel)."""
-    kw = dict(preload=preload)
     gen = torch.Generator().manual_seed(3)
     B, T, H, HV, K, V = 3, 4, 2, 4, 16, 8
     w1 = _batch(gen, B, T, H, HV, K, V, gate)
     w2 = _batch(gen, B, T, H, HV, K, V, gate)[:5]
-    A, dtb = w1[5], w1[6]
-    pool = torch.randn(6, HV, K, V, generator=gen)
-    idx, acc1, acc2 = torch.tensor([4, 1, 3]), torch.tensor([2, 4, 1]), torch.tensor([3, 1, 4])
-    N = B * T
-    gk = 1 if gate == "gdn" else K
-    # snapshots: window 1, keep the accepted state, window 2
-    p_snap, inter = pool.clone(), torch.zeros(N, HV, K, V)
-    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N),
-                                      **kw)
-    for i, (s, a) in enumerate(zip(idx.tolist(), acc1.tolist())):
-        p_snap[s] = inter[i * T + a - 1]
-    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter, inter_indices=torch.arange(N),
-                                      **kw)
-    # deferred: separate commit after window 1, fused replay into window 2, commit after window 2
-    p_def = pool.clone()
-    rb1, rb2 = torch.zeros(6, T - 1, HV, K + gk + 1 + V), torch.zeros(6, T - 1, HV, K + gk + 1 + V)
-    d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, **kw)
-    d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
-                                      **kw)
-    replay_commit(p_def, idx, acc2, rb2, K, gate, **kw)
-    assert torch.equal(o1, d1) and torch.equal(o2, d2)
-    for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
-        assert torch.equal(p_def[s], inter[i * T + a - 1])
+    p_def, rb1 = _deferred_matches_snapshots(gate, w1, w2, torch.randn(6, HV, K, V, generator=gen), T, K, V, preload=preload)
     with pytest.raises(ValueError, match="ping-pong"):
-        gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb1, replay_prev=rb1, accept_prev=acc1)
+        gated_delta_recurrent_triton(*w2, w1[5], w1[6], p_def, torch.tensor([4, 1, 3]), T, gate, replay_buffer=rb1,
+                                     replay_prev=rb1, accept_prev=torch.tensor([2, 4, 1]))
 
 
-@pytest.mark.parametrize("gate,value_tile", [("gdn", 8), ("kda", 4)])
-def test_deferred_commit_is_bit_exact_with_in_order_key_sums(gate, value_tile):
-    """The one-warp kernel on the 128-key V-major pool, where ``recurrent.use_seq_key_sums`` turns ``SEQ`` on (the
-    interpreter runs it; CUDA sm_90 does too): a deferred window, its fused replay and ``replay_commit`` equal the
-    snapshot path bit for bit, so verify and replay add every key sum in the same order. (A replay summing with
-    ``tl.sum`` while its verify folds differs here in the last bits.)"""
-    from sgl_hybrid_kernel.delta_rule.recurrent import use_seq_key_sums
-
-    gen = torch.Generator().manual_seed(31)
-    B, T, H, HV, K, V = 3, 4, 1, 2, 128, 16
-    w1 = _batch(gen, B, T, H, HV, K, V, gate)
-    w2 = _batch(gen, B, T, H, HV, K, V, gate)[:5]
+def _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, **kw):
+    """Two windows of 3 requests (slots 4, 1, 3 of ``pool``: 6 slots, ``[6, HV, ., .]`` in ``kw``'s layout) run
+    with snapshots (keeping each accepted state) and deferred (separate commit after window 1, fused replay into
+    window 2, ``replay_commit`` after it): outputs and committed states equal bit for bit. Returns the deferred
+    pool and window 1's replay buffer."""
     A, dtb = w1[5], w1[6]
-    pool = torch.randn(6, HV, V, K, generator=gen)
-    assert use_seq_key_sums(torch.device("cpu"), "vk", 1, K, 1, pool)
-    assert not use_seq_key_sums(torch.device("cpu"), "vk", 1, 64, 1, pool[..., :64])  # another key width: off
-    kw = dict(state_layout="vk", value_tile=value_tile)
+    HV = pool.shape[1]
     idx, acc1, acc2 = torch.tensor([4, 1, 3]), torch.tensor([2, 4, 1]), torch.tensor([3, 1, 4])
-    N, gk = B * T, (1 if gate == "gdn" else K)
-    p_snap, inter = pool.clone(), torch.zeros(N, HV, V, K)
+    N, gk = 3 * T, (1 if gate == "gdn" else K)
+    p_snap, inter = pool.clone(), torch.zeros((N,) + tuple(pool.shape[1:]))
     o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_snap, idx, T, gate, commit=False, inter_state=inter,
                                       inter_indices=torch.arange(N), **kw)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc1.tolist())):
@@ -259,6 +227,25 @@ def test_deferred_commit_is_bit_exact_with_in_order_key_sums(gate, value_tile):
     assert torch.equal(o1, d1) and torch.equal(o2, d2)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
         assert torch.equal(p_def[s], inter[i * T + a - 1])
+    return p_def, rb1
+
+
+@pytest.mark.parametrize("gate,value_tile", [("gdn", 8), ("kda", 4)])
+def test_deferred_commit_is_bit_exact_with_in_order_key_sums(gate, value_tile):
+    """The one-warp kernel on the 128-key V-major pool, where ``recurrent.use_seq_key_sums`` turns ``SEQ`` on (the
+    interpreter runs it; CUDA sm_90 does too): a deferred window, its fused replay and ``replay_commit`` equal the
+    snapshot path bit for bit, so verify and replay add every key sum in the same order. (A replay summing with
+    ``tl.sum`` while its verify folds differs here in the last bits.)"""
+    from sgl_hybrid_kernel.delta_rule.recurrent import use_seq_key_sums
+
+    gen = torch.Generator().manual_seed(31)
+    B, T, H, HV, K, V = 3, 4, 1, 2, 128, 16
+    w1 = _batch(gen, B, T, H, HV, K, V, gate)
+    w2 = _batch(gen, B, T, H, HV, K, V, gate)[:5]
+    pool = torch.randn(6, HV, V, K, generator=gen)
+    assert use_seq_key_sums(torch.device("cpu"), "vk", 1, K, 1, pool)
+    assert not use_seq_key_sums(torch.device("cpu"), "vk", 1, 64, 1, pool[..., :64])  # another key width: off
+    _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, state_layout="vk", value_tile=value_tile)
 
 
 @pytest.mark.parametrize("gate,T,value_tile", [("gdn", 5, 8), ("kda", 3, 4), ("gdn", 2, 16), ("kda", 5, 16)])
