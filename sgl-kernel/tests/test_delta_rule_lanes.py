@@ -342,3 +342,22 @@ def test_fold_last_adds_in_index_order(n):
         while tree.shape[-1] > 1:
             tree = tree[..., 0::2] + tree[..., 1::2]
         assert not torch.equal(tree[..., 0], want)
+
+
+@pytest.mark.parametrize("device, hip, interpret, want", [
+    ("cuda", None, None, True),  # CUDA: the key blocks in index order
+    ("cuda", "6.4", None, False),  # ROCm (torch's "cuda" device with a HIP build): compiled, not run, so off
+    ("cpu", None, "1", True),  # the interpreter runs the CUDA form (these tests)
+    ("cpu", None, None, False),
+])
+def test_lanes_fold_rule(monkeypatch, device, hip, interpret, want):
+    """``triton_lanes.lanes_fold``: ``FOLD`` on CUDA and in the interpreter only; one answer per process, so a window
+    and its replays sum alike."""
+    from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_fold
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    assert lanes_fold(device) is want

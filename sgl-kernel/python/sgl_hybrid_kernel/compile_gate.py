@@ -289,10 +289,11 @@ def kernel_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.delta_rule.recurrent import LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON, TRITON_VERSION
 
     def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
-        # plain GDN windows launch without PDL from Triton 3.7 (recurrent.lanes_pdl)
+        # plain GDN windows launch without PDL from Triton 3.7 (recurrent.lanes_pdl); FOLD on CUDA only
+        # (triton_lanes.lanes_fold)
         no_pdl = plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
         return [KernelConfig(name, gated_delta_verify_lanes_kernel,
-                             dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), PLAIN=plain,
+                             dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), FOLD="sm90" in targets, PLAIN=plain,
                                   SNAPSHOTS=snapshots, PDL=pdl and not no_pdl, s_v=shape["K"],
                                   **{d: shape[d] for d in ("H", "HV", "K", "V")}),
                              num_warps=1, divisible=lptrs + ("s_slot", "s_h", "is_slot"), targets=targets)

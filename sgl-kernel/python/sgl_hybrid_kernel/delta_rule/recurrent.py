@@ -20,7 +20,8 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     gated_delta_recurrent_kernel,
     gated_delta_verify_wide_kernel,
 )
-from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_v_first,
+from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_fold,
+                                                       lanes_v_first,
                                                        prep_heads_per_program, token_prep_kernel)
 from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
 from sgl_hybrid_kernel.platform import device_platform
@@ -594,7 +595,8 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
         accept_prev if accept_prev is not None else state_indices,
         s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
         replay_prev.stride(0) if replay_prev is not None else 0, flags,
-        T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(), PLAIN=plain,
+        T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(),
+        FOLD=lanes_fold(q.device), PLAIN=plain,
         SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, num_warps=1, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -54,6 +54,20 @@ except ImportError:  # a Triton without it: recurrent.lanes_pdl() then answers F
     gdc_launch_dependents = gdc_wait = None
 
 
+def lanes_fold(device) -> bool:
+    """``FOLD`` of the lanes kernel: its key-block sums in index order (``_lanes_sum``). On CUDA and in the
+    interpreter; not on ROCm, where the fold was compiled (gfx942 / gfx950: 136 -> 170 VGPRs for KDA on gfx950,
+    140 -> 174 for GDN's all-modes binary on gfx942, one wave per SIMD less) but never run. Every call of one
+    process answers alike, so a window and its replays agree. Issue 4, nineteenth round."""
+    import os
+
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return torch.device(device).type == "cuda" and torch.version.hip is None
+
+
 def lanes_v_first() -> bool:
     """``V_FIRST`` for the installed Triton (see the module docstring): True before 3.7."""
     major, minor = (int(x) for x in triton.__version__.split(".")[:2])
@@ -161,12 +175,20 @@ def prep_heads_per_program(num_v_heads: int, num_tokens: int = 1 << 30, num_comp
 
 
 @triton.jit
-def _lanes_sum(x, V_FIRST: tl.constexpr):
-    """Sum a state-shaped tile over its two key axes (the in-thread key blocks first, in order): ``[BV]``."""
-    if V_FIRST:  # [BV, KB, KC]
-        return tl.sum(_fold_last(tl.permute(x, (0, 2, 1)), x.shape[1]), axis=1)
-    else:  # [KB, BV, KC]
-        return tl.sum(_fold_last(tl.permute(x, (1, 2, 0)), x.shape[0]), axis=1)
+def _lanes_sum(x, V_FIRST: tl.constexpr, FOLD: tl.constexpr = True):
+    """Sum a state-shaped tile over its two key axes, the in-thread key blocks first: ``[BV]``. ``FOLD``
+    (``lanes_fold``) adds the key blocks in index order (``_fold_last``: a chain of FMAs for a sum of products
+    under Triton 3.7+ too, whose in-thread reductions are trees); else ``tl.sum``."""
+    if FOLD:
+        if V_FIRST:  # [BV, KB, KC]
+            return tl.sum(_fold_last(tl.permute(x, (0, 2, 1)), x.shape[1]), axis=1)
+        else:  # [KB, BV, KC]
+            return tl.sum(_fold_last(tl.permute(x, (1, 2, 0)), x.shape[0]), axis=1)
+    else:
+        if V_FIRST:
+            return tl.sum(tl.sum(x, axis=1), axis=1)
+        else:
+            return tl.sum(tl.sum(x, axis=0), axis=1)
 
 
 @triton.jit
@@ -179,12 +201,12 @@ def _lanes_col(x, V_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _lanes_update(S, k, v, d, beta, V_FIRST: tl.constexpr):
+def _lanes_update(S, k, v, d, beta, V_FIRST: tl.constexpr, FOLD: tl.constexpr = True):
     """One token of the delta rule on the state tile: ``k`` (and a per-channel ``d``) are broadcast
     tiles of the state's shape, ``v`` the ``[BV]`` value tile, ``beta`` a scalar. Returns the new
     state, the decayed state ``S'`` and ``err = v - k.S'``. Shared by verify and replay (bit-exact)."""
     Sd = S * d
-    err = v - _lanes_sum(Sd * k, V_FIRST)
+    err = v - _lanes_sum(Sd * k, V_FIRST, FOLD)
     return Sd + k * _lanes_col(beta * err, V_FIRST), Sd, err
 
 
@@ -217,6 +239,7 @@ def gated_delta_verify_lanes_kernel(
     KL: tl.constexpr,  # lanes on the key axis (key blocks of 4 * KL keys)
     PER_CHANNEL: tl.constexpr,  # decay per key channel (KDA) or per head (GDN)
     V_FIRST: tl.constexpr,  # tile [BV, KB, KC] instead of [KB, BV, KC] (lanes_v_first)
+    FOLD: tl.constexpr,  # key blocks summed in index order (lanes_fold: CUDA and the interpreter)
     PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
     SNAPSHOTS: tl.constexpr,  # with PLAIN False: compile the snapshot writes in (FLAG_SAVE_INTER honoured)
     PDL: tl.constexpr,  # launched as a programmatic dependent launch of token_prep_kernel (recurrent.lanes_pdl)
@@ -269,7 +292,7 @@ def gated_delta_verify_lanes_kernel(
                 else:
                     dr = tl.exp(tl.load(rec + K))
                 S, _, _ = _lanes_update(S, tl.load(rec + kidx), tl.load(rec + K + GK + 1 + o_v), dr, tl.load(rec + K + GK),
-                                        V_FIRST)
+                                        V_FIRST, FOLD)
     if PDL:  # everything above reads only what earlier kernels wrote; the prologue's outputs come next
         gdc_wait()
     n = i_b * T
@@ -294,8 +317,8 @@ def gated_delta_verify_lanes_kernel(
             betax = tl.load(bq_ptr + ((n + 1) * HV + i_hv) * 2)
             bqkx = tl.load(bq_ptr + ((n + 1) * HV + i_hv) * 2 + 1)
             vx = tl.load(v_ptr + ((n + 1) * HV + i_hv) * V + o_v).to(tl.float32)
-        S, Sd, err = _lanes_update(S, k, v, d, beta, V_FIRST)
-        o = _lanes_sum(Sd * q, V_FIRST) + bqk * err
+        S, Sd, err = _lanes_update(S, k, v, d, beta, V_FIRST, FOLD)
+        o = _lanes_sum(Sd * q, V_FIRST, FOLD) + bqk * err
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
         if not PLAIN:
             if SNAPSHOTS and SAVE_INTER:
