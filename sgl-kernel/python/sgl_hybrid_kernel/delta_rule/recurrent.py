@@ -20,8 +20,7 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     gated_delta_recurrent_kernel,
     gated_delta_verify_wide_kernel,
 )
-from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_fold,
-                                                       lanes_v_first,
+from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_fold, lanes_v_first,
                                                        prep_heads_per_program, token_prep_kernel)
 from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
 from sgl_hybrid_kernel.platform import device_platform

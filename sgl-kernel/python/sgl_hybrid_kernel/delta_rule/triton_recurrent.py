@@ -146,22 +146,22 @@ def _fold_last(x, N: tl.constexpr):
     that a sum of products compiles to one multiply and a chain of FMAs (N in 1, 2, 4, 8; else tl.sum).
     Triton 3.7+ reduces a thread's own elements as a balanced tree (triton-lang/triton#9220), which turns
     the chain of ``N - 1`` FMAs into ``N / 2`` multiplies, ``N / 2`` FMAs and ``N / 2 - 1`` adds."""
-    BV: tl.constexpr = x.shape[0]  # A
-    KC: tl.constexpr = x.shape[1]  # C
+    A: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
     if N == 1:
-        return tl.reshape(x, [BV, KC])
+        return tl.reshape(x, [A, C])
     elif N == 2:
         a, b = tl.split(x)
         return a + b
     elif N == 4:
-        e, o = tl.split(tl.reshape(x, [BV, KC, 2, 2]))
+        e, o = tl.split(tl.reshape(x, [A, C, 2, 2]))
         x0, x2 = tl.split(e)
         x1, x3 = tl.split(o)
         return ((x0 + x1) + x2) + x3
     elif N == 8:
-        e, o = tl.split(tl.reshape(x, [BV, KC, 4, 2]))
-        e0, e1 = tl.split(tl.reshape(e, [BV, KC, 2, 2]))
-        o0, o1 = tl.split(tl.reshape(o, [BV, KC, 2, 2]))
+        e, o = tl.split(tl.reshape(x, [A, C, 4, 2]))
+        e0, e1 = tl.split(tl.reshape(e, [A, C, 2, 2]))
+        o0, o1 = tl.split(tl.reshape(o, [A, C, 2, 2]))
         x0, x4 = tl.split(e0)
         x2, x6 = tl.split(e1)
         x1, x5 = tl.split(o0)
@@ -182,12 +182,20 @@ def _key_sum(X, SEQ: tl.constexpr):
     convert layouts, and the replay loop's and the verify chain's sums could compile to different groupings
     (no longer bit-exact). Without ``SEQ``: ``tl.sum``."""
     if SEQ:
-        BK: tl.constexpr = X.shape[0]
-        BV: tl.constexpr = X.shape[1]
-        R: tl.constexpr = BK // 32
-        return tl.sum(_fold_last(tl.permute(tl.reshape(X, [32, R, BV]), (0, 2, 1)), R), axis=0)
+        return tl.sum(_lane_key_sums(X), axis=0)
     else:
         return tl.sum(X, axis=0)
+
+
+@triton.jit
+def _lane_key_sums(X):
+    """``X [BK, BV]`` viewed as ``[32, BK / 32, BV]``: each lane's ``BK / 32`` keys added in index order,
+    ``[32, BV]``. The in-thread step of :func:`_key_sum` (``SEQ``) and of :func:`_xred_pair`: one expression, so
+    a verify by reduce-scatter and a replay by ``_key_sum`` add alike."""
+    BK: tl.constexpr = X.shape[0]
+    BV: tl.constexpr = X.shape[1]
+    R: tl.constexpr = BK // 32
+    return _fold_last(tl.permute(tl.reshape(X, [32, R, BV]), (0, 2, 1)), R)
 
 
 @triton.jit
@@ -203,10 +211,9 @@ def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexp
     a tree). Shuffles per token at 8 columns: 16 + 2 instead
     of 80 (``2 BV x 5``). Returns ``(x, y)`` ``[32, 1]``: the sums of column :func:`_xred_col` in every lane.
     Issue 4 (sixteenth round, docs/kernels.md)."""
-    R: tl.constexpr = BK // 32
     tl.static_assert(BK % 32 == 0 and BV <= 16, "XRED: BK a multiple of 32, at most 16 columns")
-    Px = _fold_last(tl.permute(tl.reshape(X, [32, R, BV]), (0, 2, 1)), R)  # in index order, as _key_sum's SEQ
-    Py = _fold_last(tl.permute(tl.reshape(Y, [32, R, BV]), (0, 2, 1)), R)
+    Px = _lane_key_sums(X)  # in index order, as _key_sum's SEQ
+    Py = _lane_key_sums(Y)
     up = (lane & 16) != 0
     Z = tl.where(up, Py, Px) + _lane_xor(tl.where(up, Px, Py), lane, 16, XRED)
     N8: tl.constexpr = BV
