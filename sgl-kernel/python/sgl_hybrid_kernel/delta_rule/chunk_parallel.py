@@ -28,7 +28,7 @@ from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import (
     chunk_output_kernel,
     chunk_state_kernel,
 )
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE, TRITON_VERSION
 from sgl_hybrid_kernel.platform import device_platform
 
 BT = 64  # tokens per chunk
@@ -37,7 +37,6 @@ BT = 64  # tokens per chunk
 # 128 / 2), while under 3.6 tl.cumsum at 64 / 4 is the faster form (339 vs the row loop's 399 us; 3.7 was not
 # measured; docs/kernels.md, eighteenth round)
 CUMSUM_ROW_LOOP_MIN_TRITON = (3, 7)
-TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 BC = 16  # rows per diagonal block of the in-chunk inverse; checkpoint grid
 
 

@@ -19,6 +19,7 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
     GATE_KDA_SAFE,
     gated_delta_recurrent_kernel,
     gated_delta_verify_wide_kernel,
+    TRITON_VERSION,
 )
 from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_fold, lanes_v_first,
                                                        prep_heads_per_program, token_prep_kernel)
@@ -529,7 +530,6 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     return None
 
 
-TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 # From this Triton version a plain GDN window (per-head decay, PLAIN binary) runs slower as a programmatic
 # dependent launch (lanes_pdl)
 LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON = (3, 7)

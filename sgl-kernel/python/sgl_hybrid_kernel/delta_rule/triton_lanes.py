@@ -46,7 +46,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, _fold_last, _softplus
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, TRITON_VERSION, _fold_last, _softplus
 
 try:  # grid dependency control (programmatic dependent launch, sm_90+); only compiled in with PDL=True
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -70,8 +70,7 @@ def lanes_fold(device) -> bool:
 
 def lanes_v_first() -> bool:
     """``V_FIRST`` for the installed Triton (see the module docstring): True before 3.7."""
-    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-    return (major, minor) < (3, 7)
+    return TRITON_VERSION < (3, 7)
 
 
 @triton.jit(do_not_specialize=["flags"])

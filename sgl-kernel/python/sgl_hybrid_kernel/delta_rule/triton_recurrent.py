@@ -32,6 +32,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# (major, minor) of the installed Triton, for the rules that differ by version (chunk_parallel, recurrent, lanes)
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+
 # Gate kinds (constexpr GATE)
 GATE_KDA = 0  # per channel: -exp(A_log[h]) * softplus(f + dt_bias[h, k])
 GATE_KDA_SAFE = 1  # per channel: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias[h, k]))
