@@ -84,9 +84,12 @@ def copy_ceiling_tbs():
 # ----------------------------------------------------------------------------- correctness
 def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128, **kw):
     """Deferred commit at a serving shape (BF16 activations, default tiles or ``kw``'s, e.g.
-    ``value_tile`` / ``key_lanes``, passed to every call of the window): outputs equal the
-    snapshot verify's, the replayed states equal the snapshots, and a second window with the
-    replay fused equals a plain verify started from the snapshot states; all bit for bit."""
+    ``value_tile`` / ``key_lanes``, passed to every call of the window): token 0's outputs equal the
+    snapshot verify's, the replayed states equal the snapshots, and a second window with the replay
+    fused stores the state a snapshot window started from the snapshot states reaches after its token 0;
+    all bit for bit. The later tokens' outputs: bit for bit where the deferred window steps them, to FP32
+    rounding where it forms them by key sums (GDN on the lanes kernel, ``recurrent.lanes_chunk``):
+    ``outputs`` / ``fused_outputs`` say whether they were equal, ``*_rel`` how far apart."""
     g = torch.Generator(device=DEV).manual_seed(11)
     N = B * T
     gk = 1 if gate == "gdn" else K
@@ -120,12 +123,17 @@ def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128, **kw):
     p_ref[idx.long()] = snaps
     # the reference window writes snapshots too, so it runs the all-modes binary the fused window runs
     # (a plain window may take another kernel: the lanes kernel's PLAIN binary, recurrent.pick_lanes_tile)
+    inter2 = torch.zeros_like(inter)
     o2_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout=layout, commit=True,
-                                          inter_state=torch.zeros_like(inter),
+                                          inter_state=inter2,
                                           inter_indices=torch.arange(N, device=DEV, dtype=torch.int32), **kw)
     o2_f = gated_delta_recurrent_triton(*w2, A, dtb, p_fused, idx, T, gate, lb, state_layout=layout, replay_buffer=rb2,
                                         replay_prev=rb1, accept_prev=acc, **kw)
-    return dict(outputs=bool(torch.equal(o_s, o_d)), replayed_states=bool(torch.equal(p_def[idx.long()], snaps)),
+    tok0 = lambda o: o.view(B, T, *o.shape[1:])[:, 0]  # noqa: E731
+    return dict(token0_outputs=bool(torch.equal(tok0(o_s), tok0(o_d))), outputs=bool(torch.equal(o_s, o_d)),
+                outputs_rel=rel(o_d.float(), o_s.float()), replayed_states=bool(torch.equal(p_def[idx.long()], snaps)),
+                fused_token0_outputs=bool(torch.equal(tok0(o2_ref), tok0(o2_f))),
+                fused_stored_states=bool(torch.equal(p_fused[idx.long()], inter2[torch.arange(B, device=DEV) * T])),
                 fused_outputs=bool(torch.equal(o2_ref, o2_f)), fused_vs_ref_rel=rel(o2_f.float(), o2_ref.float()))
 
 

@@ -59,11 +59,16 @@ def case(gate, H, HV, T, B, mode):
     g.replay()
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(lambda: g.replay(), warmup=20, rep=200, return_mode="median")
-    print(triton.__version__, "PDL", os.environ.get("SGL_HYBRID_LANES_PDL", "1"), gate, mode, "B", B, "graph us/call", round(ms * 100, 2), per, flush=True)
+    print(triton.__version__, "PDL", os.environ.get("SGL_HYBRID_LANES_PDL", "1"), "CHUNK",
+          os.environ.get("SGL_HYBRID_LANES_CHUNK", "1"), gate, mode, "B", B, "graph us/call", round(ms * 100, 2), per, flush=True)
 
 
+# GATES / VERIFY_B / DEFERRED_B (comma lists) narrow the cases, e.g. GATES=gdn VERIFY_B=2,4,32
 for gate, H, HV, T in (("gdn", 16, 48, 5), ("kda", 12, 12, 4)):
-    for B in (32, 128):
+    if gate not in os.environ.get("GATES", "gdn,kda").split(","):
+        continue
+    for B in map(int, os.environ.get("VERIFY_B", "32,128").split(",")):
         case(gate, H, HV, T, B, "verify")
     if gate == "gdn":
-        case(gate, H, HV, T, 32, "deferred")
+        for B in map(int, filter(None, os.environ.get("DEFERRED_B", "32").split(","))):
+            case(gate, H, HV, T, B, "deferred")
