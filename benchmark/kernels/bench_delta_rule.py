@@ -86,10 +86,8 @@ def _deferred_exact(gate, H, HV, T, layout, B=8, K=128, V=128, **kw):
     """Deferred commit at a serving shape (BF16 activations, default tiles or ``kw``'s, e.g.
     ``value_tile`` / ``key_lanes``, passed to every call of the window): token 0's outputs equal the
     snapshot verify's, the replayed states equal the snapshots, and a second window with the replay
-    fused stores the state a snapshot window started from the snapshot states reaches after its token 0;
-    all bit for bit. The later tokens' outputs: bit for bit where the deferred window steps them, to FP32
-    rounding where it forms them by key sums (GDN on the lanes kernel, ``recurrent.lanes_chunk``):
-    ``outputs`` / ``fused_outputs`` say whether they were equal, ``*_rel`` how far apart."""
+    fused stores the state a snapshot window started from the snapshot states reaches after its token 0,
+    and every output equals the snapshot windows' (``*_rel``: how far apart, 0 when equal); all bit for bit."""
     g = torch.Generator(device=DEV).manual_seed(11)
     N = B * T
     gk = 1 if gate == "gdn" else K

@@ -59,8 +59,7 @@ def case(gate, H, HV, T, B, mode):
     g.replay()
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(lambda: g.replay(), warmup=20, rep=200, return_mode="median")
-    print(triton.__version__, "PDL", os.environ.get("SGL_HYBRID_LANES_PDL", "1"), "CHUNK",
-          os.environ.get("SGL_HYBRID_LANES_CHUNK", "1"), gate, mode, "B", B, "graph us/call", round(ms * 100, 2), per, flush=True)
+    print(triton.__version__, "PDL", os.environ.get("SGL_HYBRID_LANES_PDL", "1"), gate, mode, "B", B, "graph us/call", round(ms * 100, 2), per, flush=True)
 
 
 # GATES / VERIFY_B / DEFERRED_B (comma lists) narrow the cases, e.g. GATES=gdn VERIFY_B=2,4,32

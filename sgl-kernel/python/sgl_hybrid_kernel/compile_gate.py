@@ -280,8 +280,7 @@ def kernel_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
                                                            token_prep_kernel)
 
-    lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr", "coef_ptr",
-             "cum_ptr")
+    lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr")
 
     # the prologue and the lanes kernel as recurrent._launch_lanes launches them: on sm_90 as a programmatic
     # dependent launch pair (PDL, recurrent.lanes_pdl), on CDNA without
@@ -289,37 +288,31 @@ def kernel_configs() -> List[KernelConfig]:
 
     from sgl_hybrid_kernel.delta_rule.recurrent import LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON, TRITON_VERSION
 
-    def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False, chunk=False):
+    def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
         # plain GDN windows launch without PDL from Triton 3.7 (recurrent.lanes_pdl); FOLD on CUDA only
         # (triton_lanes.lanes_fold)
         no_pdl = plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
         return [KernelConfig(name, gated_delta_verify_lanes_kernel,
                              dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), FOLD="sm90" in targets, PLAIN=plain,
-                                  SNAPSHOTS=snapshots, PDL=pdl and not no_pdl, CHUNK=chunk, s_v=shape["K"],
+                                  SNAPSHOTS=snapshots, PDL=pdl and not no_pdl, s_v=shape["K"],
                                   **{d: shape[d] for d in ("H", "HV", "K", "V")}),
                              num_warps=1, divisible=lptrs + ("s_slot", "s_h", "is_slot"), targets=targets)
                 for targets, pdl in by_pdl]
 
-    def prep(name, T, gate, shape, hb, coef=False):  # heads per program as prep_heads_per_program picks them
+    def prep(name, T, gate, shape, hb):  # heads per program as prep_heads_per_program picks them
         return [KernelConfig(name, token_prep_kernel,
-                             dict(T=T, GATE=gate, L2NORM=True, BVR=shape["V"], HB=hb, PDL=pdl, COEF=coef, **shape),
+                             dict(T=T, GATE=gate, L2NORM=True, BVR=shape["V"], HB=hb, PDL=pdl, **shape),
                              num_warps=2 if hb == 8 else 1, targets=targets,
                              divisible=("q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "qn_ptr", "kn_ptr", "d_ptr", "bq_ptr",
-                                        "replay_ptr", "coef_ptr", "cum_ptr"))
+                                        "replay_ptr"))
                 for targets, pdl in by_pdl]
 
-    # GDN windows: the prologue with the CHUNK coefficients (plain and deferred windows, recurrent.lanes_chunk)
-    # and without (snapshot windows, replay_commit)
-    out += [c for g, T, gate, shape, coef in (("gdn_t5", 5, GATE_GDN, gdn, False), ("gdn_t5_coef", 5, GATE_GDN, gdn, True),
-                                              ("kda_t4", 4, GATE_KDA_SAFE, kda, False))
+    out += [c for g, T, gate, shape in (("gdn_t5", 5, GATE_GDN, gdn), ("kda_t4", 4, GATE_KDA_SAFE, kda))
             for hb in (1, 2, 4, 8) if hb <= prep_heads_per_program(shape["HV"])
-            for c in prep(f"token_prep_{g}_hb{hb}", T, gate, shape, hb, coef)]
-    out += [c for cs in (lanes("gdn_lanes_t5_bv16_kl8", 5, 16, 8, GATE_GDN, gdn, chunk=True),
-                         lanes("gdn_lanes_t5_bv8_kl8", 5, 8, 8, GATE_GDN, gdn, chunk=True),
-                         lanes("gdn_lanes_t5_bv16_kl8_stepped", 5, 16, 8, GATE_GDN, gdn),
+            for c in prep(f"token_prep_{g}_hb{hb}", T, gate, shape, hb)]
+    out += [c for cs in (lanes("gdn_lanes_t5_bv16_kl8", 5, 16, 8, GATE_GDN, gdn),
                          lanes("kda_lanes_t4_bv16_kl8", 4, 16, 8, GATE_KDA_SAFE, kda),
-                         lanes("gdn_lanes_t5_bv16_kl8_deferred", 5, 16, 8, GATE_GDN, gdn, False, chunk=True),
-                         lanes("gdn_lanes_t5_bv16_kl8_replay", 5, 16, 8, GATE_GDN, gdn, False),
+                         lanes("gdn_lanes_t5_bv16_kl8_deferred", 5, 16, 8, GATE_GDN, gdn, False),
                          lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False, True)) for c in cs]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
     # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it

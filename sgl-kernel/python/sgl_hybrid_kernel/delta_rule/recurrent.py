@@ -560,21 +560,6 @@ def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool
     return int(plat.arch[2:]) >= 90
 
 
-def lanes_chunk(tokens: int, per_channel_decay: bool, commit: bool, snapshots: bool) -> bool:
-    """``CHUNK`` of the lanes kernel (``triton_lanes.py``): a window of ``tokens > 1`` with a per-head decay
-    (GDN) that commits no final state and writes no snapshots -- plain verify windows and deferred-commit
-    windows (with or without the previous window's fused replay) -- forms the outputs after the last state it
-    stores (none, or token 0's) by key sums of that state with coefficients from the prologue, instead of
-    stepping the state token by token. The state a deferred window stores and every replay stay bit-exact
-    (:func:`replay_commit` commits, so it steps); outputs equal the stepped ones to FP32 rounding.
-    ``SGL_HYBRID_LANES_CHUNK=0`` turns it off (issue 4, twentieth round, docs/kernels.md)."""
-    import os
-
-    if os.environ.get("SGL_HYBRID_LANES_CHUNK", "1") == "0":
-        return False
-    return tokens > 1 and not per_channel_decay and not commit and not snapshots
-
-
 def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,
                   replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL, num_stages=1):
     """The per-token prologue and the lanes kernel (``triton_lanes.py``) for one step."""
@@ -593,15 +578,12 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
     bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
     hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
     pdl = lanes_pdl(q.device, plain, per_channel)
-    chunk = lanes_chunk(T, per_channel, bool(flags & FLAG_COMMIT), inter_state is not None)
-    coef = torch.empty(N, HV, 2, triton.next_power_of_2(T), device=dev, dtype=torch.float32) if chunk else None
-    cum = torch.empty(N, HV, device=dev, dtype=torch.float32) if chunk else None
     token_prep_kernel[(N, HV // hb)](
         q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
         replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
         replay_buffer.stride(0) if replay_buffer is not None else 0, 1 if replay_buffer is not None else 0,
         T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm, PDL=pdl,
-        coef_ptr=coef, cum_ptr=cum, COEF=chunk, num_warps=2 if hb == 8 else 1,
+        num_warps=2 if hb == 8 else 1,
     )
     s0, s1, s2, _ = state.stride()
     gated_delta_verify_lanes_kernel[(V // BV, B * HV)](
@@ -614,8 +596,7 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
         replay_prev.stride(0) if replay_prev is not None else 0, flags,
         T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(),
         FOLD=lanes_fold(q.device), PLAIN=plain,
-        SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, coef_ptr=coef, cum_ptr=cum, CHUNK=chunk,
-        num_warps=1, num_stages=num_stages,
+        SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, num_warps=1, num_stages=num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
 

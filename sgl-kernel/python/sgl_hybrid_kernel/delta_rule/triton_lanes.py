@@ -103,20 +103,11 @@ def token_prep_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PDL: tl.constexpr,  # the lanes kernel is a programmatic dependent launch of this one (recurrent.lanes_pdl)
-    coef_ptr=None,  # out (COEF): [N, HV, 2, TP] FP32 rows L[t, :] and P[t, :] of the window's output sums (lanes_chunk)
-    cum_ptr=None,  # out (COEF): [N, HV] FP32 log decay summed over the window's tokens 0..t
-    COEF: tl.constexpr = False,  # per-head decay (GDN) only
 ):
     """One program per (token, ``HB`` value heads): the per-token inputs of
     :func:`gated_delta_verify_lanes_kernel` as ``[HB, K]`` tiles (formulas of
     ``gated_delta_verify_wide_kernel``; gate kinds as in triton_recurrent.py). q / k of a GVA group
-    are written by its first value head.
-
-    ``COEF`` (per-head decay): also the coefficients with which the lanes kernel's ``CHUNK`` path forms the
-    outputs of a window from one state (``TP = next_power_of_2(T)``; ``C_t = sum_{s <= t} g_s`` over the
-    request's window, ``beta_i``, ``q_t`` scaled and normalised as above, ``k`` normalised):
-    ``L[t, i] = e^{C_t - C_i} beta_i (k_t . k_i)`` for ``i < t`` and
-    ``P[t, i] = e^{C_t - C_i} beta_i (q_t . k_i)`` for ``i <= t`` (zero elsewhere), and ``C_t``."""
+    are written by its first value head."""
     if PDL:  # let the lanes kernel start loading its states now; it waits for these outputs (gdc_wait)
         gdc_launch_dependents()
     n = tl.program_id(0)
@@ -138,8 +129,7 @@ def token_prep_kernel(
     tl.store(kn_ptr + row, k, mask=first)
     beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + n * HV + o_hv, mask=m_h, other=0.0).to(tl.float32)))
     tl.store(bq_ptr + (n * HV + o_hv) * 2, beta, mask=m_h)
-    bqk = beta * tl.sum(q * k, axis=1)
-    tl.store(bq_ptr + (n * HV + o_hv) * 2 + 1, bqk, mask=m_h)
+    tl.store(bq_ptr + (n * HV + o_hv) * 2 + 1, beta * tl.sum(q * k, axis=1), mask=m_h)
     A = tl.exp(tl.load(A_log_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32))
     if GATE == 2:  # the scalar log decay: the lanes kernel takes exp of it (as of a record's, bit-exact replay)
         f = tl.load(f_ptr + n * HV + o_hv, mask=m_h, other=0.0).to(tl.float32)
@@ -155,34 +145,6 @@ def token_prep_kernel(
             g = -A[:, None] * _softplus(f)
         tl.store(d_ptr + n * HV * K + hk, tl.exp(g), mask=m_hk)
     t = n % T
-    if COEF:  # rows t of L and P (GATE == 2): the request's earlier tokens 0..t-1 again (k, gate, beta)
-        TP: tl.constexpr = triton.next_power_of_2(T)
-        o_i = tl.arange(0, TP)[None, :]
-        ci = tl.zeros([HB, TP], dtype=tl.float32)
-        kk = tl.zeros([HB, TP], dtype=tl.float32)
-        qk = tl.zeros([HB, TP], dtype=tl.float32)
-        bi = tl.zeros([HB, TP], dtype=tl.float32)
-        csum = tl.zeros([HB], dtype=tl.float32)
-        dtb = tl.load(dt_bias_ptr + o_hv, mask=m_h, other=0.0).to(tl.float32)
-        for i in range(t):  # a runtime trip count: token t's program does t steps (T (T - 1) / 2 per request)
-            ni = n - t + i
-            ki = tl.load(k_ptr + (ni * H + o_h)[:, None] * K + o_k[None, :], mask=m_hk, other=0.0).to(tl.float32)
-            if L2NORM:
-                ki = ki * tl.rsqrt(tl.sum(ki * ki, axis=1) + 1e-6)[:, None]
-            csum += -A * _softplus(tl.load(f_ptr + ni * HV + o_hv, mask=m_h, other=0.0).to(tl.float32) + dtb)
-            sel = o_i == i
-            ci = tl.where(sel, csum[:, None], ci)
-            kk = tl.where(sel, tl.sum(k * ki, axis=1)[:, None], kk)
-            qk = tl.where(sel, tl.sum(q * ki, axis=1)[:, None], qk)
-            betai = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + ni * HV + o_hv, mask=m_h, other=0.0).to(tl.float32)))
-            bi = tl.where(sel, betai[:, None], bi)
-        csum += g  # C_t; the diagonal P[t, t] = beta_t (q_t . k_t), as stored in bq
-        w = tl.exp(csum[:, None] - ci) * bi
-        crow = coef_ptr + (n * HV + o_hv)[:, None] * (2 * TP) + o_i
-        tl.store(crow, tl.where(o_i < t, w * kk, 0.0), mask=m_h[:, None])
-        tl.store(crow + TP, tl.where(o_i < t, w * qk, tl.where(o_i == t, bqk[:, None], 0.0)),
-                 mask=m_h[:, None])
-        tl.store(cum_ptr + n * HV + o_hv, csum, mask=m_h)
     if (flags & 1) != 0 and t > 0:
         slot = tl.load(state_idx_ptr + n // T).to(tl.int64)
         if slot >= 0:
@@ -280,9 +242,6 @@ def gated_delta_verify_lanes_kernel(
     PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
     SNAPSHOTS: tl.constexpr,  # with PLAIN False: compile the snapshot writes in (FLAG_SAVE_INTER honoured)
     PDL: tl.constexpr,  # launched as a programmatic dependent launch of token_prep_kernel (recurrent.lanes_pdl)
-    coef_ptr=None,  # CHUNK: [N, HV, 2, TP] FP32 rows L, P (token_prep_kernel, COEF)
-    cum_ptr=None,  # CHUNK: [N, HV] FP32 window log-decay sums C_t (token_prep_kernel, COEF)
-    CHUNK: tl.constexpr = False,  # per-head decay, no COMMIT and no snapshots: outputs by key sums (recurrent.lanes_chunk)
 ):
     """Decode / verify window of ``T`` tokens for one (request, value head, ``BV`` columns), one warp.
     Needs ``K % (4 * KL) == 0``, ``V % BV == 0`` and a key-contiguous pool (the wrapper checks).
@@ -291,18 +250,7 @@ def gated_delta_verify_lanes_kernel(
     records come from the prologue); the fused replay first applies the previous window's accepted
     records 1..n-1 to the slot's state. With ``PDL`` the kernel is a programmatic dependent launch of the
     prologue: the state load and the replay run while the prologue does, ``gdc_wait`` comes before the
-    first read of the prologue's outputs.
-
-    ``CHUNK`` (per-head decay, a window that commits no final state and writes no snapshots): the state is
-    stepped only through the tokens whose state the window stores -- none in a ``PLAIN`` window, token 0 in a
-    deferred one (bit-exact as before) -- and every later token's output comes from that state ``S`` by key sums
-    (the chunk / WY form of the delta rule over one window; Yang et al. 2024, "Parallelizing Linear
-    Transformers with the Delta Rule over Sequence Length", and "Gated Delta Networks", ICLR 2025):
-    with ``E_t = e^{C_t - C_b}`` (``b`` the last stepped token, ``C`` and the rows ``L``, ``P`` from the
-    prologue), ``err_t = v_t - E_t (k_t.S) - sum_{i<t} L[t, i] err_i`` and
-    ``o_t = E_t (q_t.S) + sum_{i<=t} P[t, i] err_i``. Two independent key sums per token and column instead of
-    a decay, two sums and an update chained token after token; the outputs equal the stepped ones to FP32
-    rounding (not bit for bit)."""
+    first read of the prologue's outputs."""
     KC: tl.constexpr = 4 * KL
     KB: tl.constexpr = K // KC
     GK: tl.constexpr = K if PER_CHANNEL else 1
@@ -356,8 +304,7 @@ def gated_delta_verify_lanes_kernel(
     beta = tl.load(bq_ptr + (n * HV + i_hv) * 2)
     bqk = tl.load(bq_ptr + (n * HV + i_hv) * 2 + 1)
     v = tl.load(v_ptr + (n * HV + i_hv) * V + o_v).to(tl.float32)
-    NSEQ: tl.constexpr = T - CHUNK * (T - 1 + PLAIN)  # tokens stepped through the state: T; with CHUNK 0 (PLAIN) or 1
-    for t in tl.static_range(NSEQ):
+    for t in tl.static_range(T):
         n = i_b * T + t
         if t + 1 < T:  # the next token's loads go out before this token's chain
             qx = tl.load(qn_ptr + ((n + 1) * H + i_h) * K + kidx)
@@ -383,30 +330,5 @@ def gated_delta_verify_lanes_kernel(
                     tl.store(p_s, S.to(p_s.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
         if t + 1 < T:
             q, k, d, beta, bqk, v = qx, kx, dx, betax, bqkx, vx
-    if CHUNK:  # tokens NSEQ..T-1 from the state after token NSEQ - 1 (the host never sets COMMIT here)
-        TP: tl.constexpr = triton.next_power_of_2(T)
-        if NSEQ > 0:
-            cb = tl.load(cum_ptr + (i_b * T + NSEQ - 1) * HV + i_hv)
-        else:
-            cb = 0.0
-        errs = ()
-        for t in tl.static_range(NSEQ, T):
-            n = i_b * T + t
-            if t + 1 < T:
-                qx = tl.load(qn_ptr + ((n + 1) * H + i_h) * K + kidx)
-                kx = tl.load(kn_ptr + ((n + 1) * H + i_h) * K + kidx)
-                vx = tl.load(v_ptr + ((n + 1) * HV + i_hv) * V + o_v).to(tl.float32)
-            crow = coef_ptr + (n * HV + i_hv) * (2 * TP)
-            e = tl.exp(tl.load(cum_ptr + n * HV + i_hv) - cb)
-            err = v - e * _lanes_sum(S * k, V_FIRST, FOLD)
-            o = e * _lanes_sum(S * q, V_FIRST, FOLD)
-            for i in tl.static_range(NSEQ, t):
-                err -= tl.load(crow + i) * errs[i - NSEQ]
-                o += tl.load(crow + TP + i) * errs[i - NSEQ]
-            o += tl.load(crow + TP + t) * err
-            tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
-            errs = errs + (err,)
-            if t + 1 < T:
-                q, k, v = qx, kx, vx
-    elif COMMIT:
+    if COMMIT:
         tl.store(p_s, S.to(p_s.dtype.element_ty), cache_modifier=STATE_STORE_CACHE)
