@@ -1537,12 +1537,11 @@ def bench_recurrent_sweep(results, ceiling):
              {} if t is None else dict(value_tile=t[0], num_warps=t[1], **({"preload": t[2]} if len(t) > 2 else {})))
             for t in tiles]
         if WIDE_VARIANTS:  # decode too (T = 1): the same kernel, one token
-            todo += [(f"wide_bv{bv}_w{nw}" + ("_chunk" if kl == "c" else (f"_kl{kl}" if kl else "")), gated_delta_recurrent_triton,
+            todo += [(f"wide_bv{bv}_w{nw}" + (f"_kl{kl}" if kl else ""), gated_delta_recurrent_triton,
                       dict(wide=True, value_tile=bv, num_warps=nw,
-                           **({"chunk": True} if kl == "c" else {}),
-                           **({"key_lanes": int(str(kl).split("s")[0])} if kl and kl != "c" else {}),
+                           **({"key_lanes": int(str(kl).split("s")[0])} if kl else {}),
                            **({"num_stages": int(str(kl).split("s")[1])} if "s" in str(kl) else {})))
-                     for bv, nw, kl in WIDE_VARIANTS if kl != "c" or T > 1]
+                     for bv, nw, kl in WIDE_VARIANTS]
         if T > 1:
             todo += [(f"chunk_bv{bv}_w{nw}_{prec}", gated_delta_recurrent_triton,
                       dict(form="chunk", value_tile=bv, num_warps=nw, dot_precision=prec)) for bv, nw, prec in CHUNK_VARIANTS]
@@ -1759,15 +1758,14 @@ def main():
     p.add_argument("--wide-variants", default="", help="bench_recurrent_sweep: comma list of BVxWARPS, tiles of the "
                    "one-warp per-token kernel (gated_delta_verify_wide_kernel; the 2026-11-30 sweeps also varied its input "
                    "prefetch, since removed: it won every row), or BVxWARPSkKL[sSTAGES]: the lanes kernel (triton_lanes.py) "
-                   "at BV columns with KL lanes on the keys (and STAGES software-pipelining stages), or BVxWARPSc: the one-warp "
-                   "kernel's plain GDN windows by key sums of the start state (chunk=True; verify cases only)")
+                   "at BV columns with KL lanes on the keys (and STAGES software-pipelining stages)")
     p.add_argument("--gdn-variants", default=None, help="bench_gdn_prefill: comma list of GDN_PREFILL_VARIANTS names")
     args = p.parse_args()
     SWEEP_DECODE_BATCHES = tuple(int(x) for x in args.sweep_decode_batches.split(",")) if args.sweep_decode_batches else None
     SWEEP_VERIFY_BATCHES = tuple(int(x) for x in args.sweep_verify_batches.split(",")) if args.sweep_verify_batches else None
     SWEEP_DEFERRED_BATCHES = tuple(int(x) for x in args.sweep_deferred_batches.split(",")) if args.sweep_deferred_batches else None
-    WIDE_VARIANTS[:] = [(int(x.split("x")[0]), int(x.rstrip("c").split("x")[1].split("k")[0]), x.split("k")[1] if "k" in x else
-                         ("c" if x.endswith("c") else 0)) for x in args.wide_variants.split(",") if x]
+    WIDE_VARIANTS[:] = [(int(x.split("x")[0]), int(x.split("x")[1].split("k")[0]), x.split("k")[1] if "k" in x else 0)
+                        for x in args.wide_variants.split(",") if x]
     CHUNK_VARIANTS[:] = [(int(x.split(":")[0].split("x")[0]), int(x.split(":")[0].split("x")[1]), x.split(":")[1])
                          for x in args.chunk_variants.split(",") if x]
     RECURRENT_BASELINE = args.recurrent_baseline

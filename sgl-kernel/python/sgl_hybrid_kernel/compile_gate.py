@@ -214,13 +214,12 @@ def kernel_configs() -> List[KernelConfig]:
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
                             num_warps=max(1, bv // 16), divisible=lay["divisible"])
 
-    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0, chunk=False):  # V-major decode and every verify window (recurrent.use_wide_verify)
+    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
 
         def cfg(targets, seq):
             return KernelConfig(name, gated_delta_verify_wide_kernel,
-                                dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, SEQ=seq, CHUNK=chunk,
-                                     **shape,
+                                dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, SEQ=seq, **shape,
                                      **lay["constexprs"], **tile),
                                 num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile), targets=targets)
 
@@ -272,10 +271,6 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_verify1w_t4_bv2_xred", 4, 2, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("kda_verify1w_t4_bv16_xred", 4, 16, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("gdn_verify1w_t5_bv4_xred", 5, 4, GATE_GDN, gdn, vk, xred=1),
-            # plain GDN windows by key sums of the start state (recurrent.use_chunk_verify)
-            wide("gdn_verify1w_t5_bv4_xred_chunk", 5, 4, GATE_GDN, gdn, vk, xred=1, chunk=True),
-            wide("gdn_verify1w_t5_bv8_xred_chunk", 5, 8, GATE_GDN, gdn, vk, xred=1, chunk=True),
-            wide("gdn_verify1w_t5_bv4_chunk", 5, 4, GATE_GDN, gdn, vk, chunk=True),
             wide("kda_verify1w_t4_bv4_allmodes_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("kda_verify1w_t4_bv8_allmodes_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("gdn_verify1w_t5_bv4_allmodes_xred", 5, 4, GATE_GDN, gdn, vk, False, xred=1),

@@ -167,7 +167,6 @@ def gated_delta_recurrent_triton(
     key_lanes: Optional[int] = None,
     num_stages: Optional[int] = None,
     xred: Optional[int] = None,
-    chunk: Optional[bool] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -214,10 +213,6 @@ def gated_delta_recurrent_triton(
             0: Triton's per-column butterflies). ``None``: :func:`use_xred`. Given (not ``None``), the one-warp
             kernel runs (not the lanes kernel); 1 or 2 need :func:`xred_shape_ok` and ``wide`` not ``False``
             (``ValueError`` otherwise).
-        chunk: plain GDN verify windows (``tokens_per_request > 1``, ``commit=False``, no ``inter_state`` or
-            replay buffers) on the one-warp kernel: form the outputs by key sums of the start state
-            (``triton_recurrent._verify_chunk``) instead of stepping the state token by token. ``None``:
-            :func:`use_chunk_verify`; ``True`` runs the one-warp kernel (``ValueError`` outside that case).
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -307,17 +302,13 @@ def gated_delta_recurrent_triton(
             raise ValueError(f"inter_state: the verify kernel needs the state pool's per-slot strides "
                              f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
         plain = not (save or deferred or fused_replay)
-        chunk_ok = plain and T > 1 and kind == GATE_GDN and not commit
-        if chunk and not chunk_ok:
-            raise ValueError(f"chunk=True: a plain GDN verify window (gate='gdn', tokens_per_request > 1, commit=False, "
-                             f"no inter_state / replay buffers); got gate={gate!r}, T={T}, commit={commit}, plain={plain}")
         # whether the one-warp kernel's narrow tiles would run XRED (the tile rules below depend on it)
         aligned = xred_aligned(state, inter_state if save else None)
         xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, num_warps or 1, aligned) if xred is None
                      else bool(xred))
         lanes = None
         if state_layout == "vk":
-            if (key_lanes is None and value_tile is None and xred is None and not chunk and state.stride(3) == 1
+            if (key_lanes is None and value_tile is None and xred is None and state.stride(3) == 1
                     and state.dtype == torch.float32):
                 lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain, xr_narrow)
             elif key_lanes:
@@ -342,9 +333,8 @@ def gated_delta_recurrent_triton(
                              f"(state_layout={state_layout!r}, K={K}, value_tile={BV}, num_warps={num_warps or 1}, "
                              f"aligned={aligned})")
         seq = use_seq_key_sums(q.device, state_layout, state.stride(3), K, num_warps or 1, state)
-        ck = chunk_ok and (use_chunk_verify(B, HV, V, T) if chunk is None else bool(chunk))
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
-                                                             XRED=xr, SEQ=seq, CHUNK=ck)
+                                                             XRED=xr, SEQ=seq)
         warps = num_warps or 1
     else:
         if xred:
@@ -374,12 +364,6 @@ def gated_delta_recurrent_triton(
         num_warps=warps,
     )
     return o
-
-
-def use_chunk_verify(batch: int, num_v_heads: int, head_v_dim: int, tokens: int) -> bool:
-    """Whether a plain GDN verify window on the one-warp kernel (``chunk_ok`` in
-    :func:`gated_delta_recurrent_triton`) takes ``CHUNK`` (``triton_recurrent._verify_chunk``): always, for now."""
-    return tokens > 1
 
 
 def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:

@@ -475,70 +475,6 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
         tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
 
 
-@triton.jit
-def _verify_chunk(S, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale,
-                  T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, o_k, o_vt, m_k, m_vt,
-                  m_vs, L2NORM: tl.constexpr, XRED: tl.constexpr, lane, BK: tl.constexpr, BV: tl.constexpr,
-                  SEQ: tl.constexpr):
-    """A plain window with a per-head decay (GDN) by key sums of its start state ``S`` (``CHUNK``): no token's
-    state is formed. With ``C_t = g_0 + .. + g_t`` and ``q``, ``k`` normalised (``q`` scaled),
-    ``err_t = v_t - e^{C_t} (k_t.S) - sum_{i<t} e^{C_t - C_i} beta_i (k_t.k_i) err_i`` and
-    ``o_t = e^{C_t} (q_t.S) + sum_{i<=t} e^{C_t - C_i} beta_i (q_t.k_i) err_i``: the window's delta rule in chunk
-    (WY) form (Yang et al., "Gated Delta Networks", ICLR 2025, eq. 8-9, one chunk = the window). The ``2 T`` key
-    sums of ``S`` do not wait on each other -- only the ``T (T - 1)`` scalar steps of ``err`` per column are
-    chained -- and every token's inputs, norms, gates and the ``k_t.k_i``, ``q_t.k_i`` products are formed
-    while the state load is in flight. Outputs equal the stepped window's to FP32 rounding. ``q0`` .. ``b0``:
-    token 0's raw inputs (:func:`_token_inputs`, issued by the kernel before the padding-row branch).
-    Issue 4 (twentieth round, docs/kernels.md)."""
-    qs = ()
-    ks = ()
-    vs = ()
-    cs = ()
-    bs = ()
-    c = A * 0.0
-    for t in tl.static_range(T):
-        if t == 0:
-            q, k, v, f, b = q0, k0, v0, f0, b0
-        else:
-            q, k, v, f, b = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T + t, i_h, i_hv, H, HV, K, V, o_k, o_vt,
-                                          m_k, m_vt, 2)
-        if L2NORM:
-            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
-            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-        c = c - A * _softplus(f + dtb)
-        qs = qs + (q * scale,)
-        ks = ks + (k,)
-        vs = vs + (v,)
-        cs = cs + (c,)
-        bs = bs + (1.0 / (1.0 + tl.exp(-b)),)
-    # coefficients (state-free): Lc[t (t - 1) / 2 + i] = e^{C_t - C_i} beta_i (k_t.k_i), i < t;
-    # Pc[t (t + 1) / 2 + i] = e^{C_t - C_i} beta_i (q_t.k_i), i <= t
-    Lc = ()
-    Pc = ()
-    for t in tl.static_range(T):
-        for i in tl.static_range(t + 1):
-            w = tl.exp(cs[t] - cs[i]) * bs[i]
-            if i < t:
-                Lc = Lc + (w * tl.sum(ks[t] * ks[i], axis=0),)
-            Pc = Pc + (w * tl.sum(qs[t] * ks[i], axis=0),)
-    errs = ()
-    for t in tl.static_range(T):
-        if XRED:
-            a, bq = _xred_pair(S * ks[t][:, None], S * qs[t][:, None], lane, BK, BV, XRED)
-        else:
-            a = _key_sum(S * ks[t][:, None], SEQ)
-            bq = _key_sum(S * qs[t][:, None], SEQ)
-        e = tl.exp(cs[t])
-        err = vs[t] - e * a
-        o = e * bq
-        for i in tl.static_range(t):
-            err -= Lc[t * (t - 1) // 2 + i] * errs[i]
-            o += Pc[t * (t + 1) // 2 + i] * errs[i]
-        o += Pc[t * (t + 1) // 2 + t] * err
-        tl.store(o_ptr + ((i_b * T + t) * HV + i_hv) * V + o_vt, o.to(o_ptr.dtype.element_ty), mask=m_vs)
-        errs = errs + (err,)
-
-
 @triton.jit(do_not_specialize=["r_slot", "flags"])
 def gated_delta_recurrent_kernel(
     q_ptr,  # [N, H, K]   N = B * T tokens, token-major
@@ -756,7 +692,6 @@ def gated_delta_verify_wide_kernel(
     FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
     XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.use_xred)
     SEQ: tl.constexpr = False,  # key sums via _key_sum's in-order view (recurrent.use_seq_key_sums; on wherever XRED is)
-    CHUNK: tl.constexpr = False,  # PLAIN GDN window without commit by key sums of its start state (_verify_chunk)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -839,19 +774,14 @@ def gated_delta_verify_wide_kernel(
         q0, k0, v0, f0, b0 = _token_inputs(q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, i_b * T, i_h, i_hv, H, HV, K, V, o_k, o_vt, m_k,
                                            m_vt, GATE)
         A, dtb = _gate_params(A_log_ptr, dt_bias_ptr, i_hv, o_k, m_k, K, GATE)
-    if CHUNK:  # recurrent.use_chunk_verify: PLAIN, GATE == 2, T > 1, no COMMIT
-        tl.static_assert(PLAIN and GATE == 2 and T > 1, "CHUNK: a plain GDN verify window")
-        _verify_chunk(S, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale, T, H, HV,
-                      K, V, o_k, o_vt, m_k, m_vt, m_vs, L2NORM, XRED, lane, BK, BV, SEQK)
-    else:
-        if PLAIN:
-            SAVE_INTER = False
-            DEFERRED = False
-        elif REPLAY_PREV:
-            # deferred commit of the previous window, fused: the slot holds its token-0 state
-            S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
-                                m_k, m_v, HV, K, V, GK, FAST, SEQK)
-        _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
-                          replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
-                          DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
-                          BV, XRED != 0 and not PLAIN, SEQK)
+    if PLAIN:
+        SAVE_INTER = False
+        DEFERRED = False
+    elif REPLAY_PREV:
+        # deferred commit of the previous window, fused: the slot holds its token-0 state
+        S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
+                            m_k, m_v, HV, K, V, GK, FAST, SEQK)
+    _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
+                      replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
+                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
+                      BV, XRED != 0 and not PLAIN, SEQK)
