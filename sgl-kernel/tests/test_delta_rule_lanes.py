@@ -255,30 +255,33 @@ def test_programmatic_dependent_launch_only_on_sm90_and_newer(monkeypatch, plat,
     assert rec.lanes_pdl(torch.device("cpu")) is want
 
 
-@pytest.mark.parametrize("version, plain, per_channel, want", [
-    ((3, 6), True, False, True),  # Triton 3.6: every window keeps it
-    ((3, 8), True, False, False),  # 3.7+: plain GDN windows launch plainly
-    ((3, 8), True, True, True),  # KDA plain windows keep it
-    ((3, 8), False, False, True),  # GDN deferred / snapshot windows keep it
+@pytest.mark.parametrize("version, plain, per_channel, bv, want", [
+    ((3, 6), True, False, 16, True),  # Triton 3.6: every window keeps it
+    ((3, 8), True, False, 16, False),  # 3.7+: plain GDN windows launch plainly
+    ((3, 8), True, False, 8, True),  # ... except at the narrow 8-column tile
+    ((3, 8), True, True, 16, True),  # KDA plain windows keep it
+    ((3, 8), False, False, 16, True),  # GDN deferred / snapshot windows keep it
 ])
-def test_plain_gdn_windows_skip_programmatic_dependent_launch_from_triton_3_7(monkeypatch, version, plain, per_channel,
+def test_plain_gdn_windows_skip_programmatic_dependent_launch_from_triton_3_7(monkeypatch, version, plain, per_channel, bv,
                                                                                want):
     """``lanes_pdl``'s version rule (H200 figures in its docstring): only plain windows with a per-head decay
-    (GDN) under Triton >= 3.7 lose the programmatic dependent launch; the kernel pair honours the answer."""
+    (GDN) over 8 columns under Triton >= 3.7 lose the programmatic dependent launch; the kernel pair honours the
+    answer."""
     from sgl_hybrid_kernel.platform import DevicePlatform
 
     monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform("cuda", "sm90"))
     monkeypatch.setattr(rec, "TRITON_VERSION", version)
     monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
-    assert rec.lanes_pdl(torch.device("cpu"), plain, per_channel) is want
+    assert rec.lanes_pdl(torch.device("cpu"), plain, per_channel, bv) is want
     assert rec.lanes_pdl(torch.device("cpu")) is True  # callers that do not name the window keep the old answer
 
 
 @pytest.mark.parametrize("version", [(3, 6), (3, 8)])
 def test_lanes_pair_launches_as_the_pdl_rule_says(monkeypatch, version):
     """The wrapper hands ``lanes_pdl``'s answer for the window to both kernels of the pair (``PDL``) and to the
-    lanes kernel's launch (``launch_pdl``): on an sm_90 device under Triton 3.8 a plain GDN window goes without it,
-    a plain KDA window and a deferred GDN window with it; under 3.6 all three with it. Kernels replaced by spies."""
+    lanes kernel's launch (``launch_pdl``): on an sm_90 device under Triton 3.8 a plain GDN window at 16 columns goes
+    without it, one at 8 columns, a plain KDA window and a deferred GDN window with it; under 3.6 all with it. Kernels
+    replaced by spies."""
     from sgl_hybrid_kernel.platform import DevicePlatform
 
     if rec.gdc_wait is None:
@@ -299,11 +302,11 @@ def test_lanes_pair_launches_as_the_pdl_rule_says(monkeypatch, version):
     monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
     gen = torch.Generator().manual_seed(25)
 
-    def launch(B, T, H, HV, gate, **kw):
+    def launch(B, T, H, HV, gate, bv=16, **kw):
         q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, 128, 128, gate)
         gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, torch.zeros(B, HV, 128, 128), torch.arange(B, dtype=torch.int32),
                                      T, gate, -5.0 if gate == "kda" else None, state_layout="vk", key_lanes=8,
-                                     value_tile=16, **kw)
+                                     value_tile=bv, **kw)
         got = launched[-2:]
         launched.clear()
         return got
@@ -311,6 +314,7 @@ def test_lanes_pair_launches_as_the_pdl_rule_says(monkeypatch, version):
     on = version >= (3, 7)
     pair = lambda pdl: [("token_prep_kernel", pdl, False), ("gated_delta_verify_lanes_kernel", pdl, pdl)]  # noqa: E731
     assert launch(4, 5, 16, 48, "gdn", commit=False) == pair(not on)
+    assert launch(2, 5, 16, 48, "gdn", bv=8, commit=False) == pair(True)  # the narrow tile keeps it
     assert launch(4, 4, 12, 12, "kda", commit=False) == pair(True)
     assert launch(4, 5, 16, 48, "gdn", replay_buffer=torch.zeros(4, 4, 48, 128 + 1 + 1 + 128)) == pair(True)
 

@@ -286,12 +286,14 @@ def kernel_configs() -> List[KernelConfig]:
     # dependent launch pair (PDL, recurrent.lanes_pdl), on CDNA without
     by_pdl = ((("gfx942", "gfx950"), False), (("sm90",), True))
 
-    from sgl_hybrid_kernel.delta_rule.recurrent import LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON, TRITON_VERSION
+    from sgl_hybrid_kernel.delta_rule.recurrent import (LANES_PDL_PLAIN_PER_HEAD_MAX_TILE, LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON,
+                                                        TRITON_VERSION)
 
     def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
-        # plain GDN windows launch without PDL from Triton 3.7 (recurrent.lanes_pdl); FOLD on CUDA only
-        # (triton_lanes.lanes_fold)
-        no_pdl = plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
+        # plain GDN windows over 8 columns launch without PDL from Triton 3.7 (recurrent.lanes_pdl); FOLD on CUDA
+        # only (triton_lanes.lanes_fold)
+        no_pdl = (plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
+                  and bv > LANES_PDL_PLAIN_PER_HEAD_MAX_TILE)
         return [KernelConfig(name, gated_delta_verify_lanes_kernel,
                              dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), FOLD="sm90" in targets, PLAIN=plain,
                                   SNAPSHOTS=snapshots, PDL=pdl and not no_pdl, s_v=shape["K"],
@@ -311,6 +313,7 @@ def kernel_configs() -> List[KernelConfig]:
             for hb in (1, 2, 4, 8) if hb <= prep_heads_per_program(shape["HV"])
             for c in prep(f"token_prep_{g}_hb{hb}", T, gate, shape, hb)]
     out += [c for cs in (lanes("gdn_lanes_t5_bv16_kl8", 5, 16, 8, GATE_GDN, gdn),
+                         lanes("gdn_lanes_t5_bv8_kl8", 5, 8, 8, GATE_GDN, gdn),  # the narrow tile (pick_lanes_tile)
                          lanes("kda_lanes_t4_bv16_kl8", 4, 16, 8, GATE_KDA_SAFE, kda),
                          lanes("gdn_lanes_t5_bv16_kl8_deferred", 5, 16, 8, GATE_GDN, gdn, False),
                          lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False, True)) for c in cs]

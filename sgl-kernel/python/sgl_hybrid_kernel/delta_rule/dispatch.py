@@ -68,7 +68,7 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
              f"at 8) and GDN windows of every mode with >= {tuning.lanes_all_modes_per_cu} programs per CU at 16 columns: "
              f"lanes kernel (per-token prologue + 8 key lanes, "
              f"Triton {triton.__version__}, V_FIRST={lanes_v_first()}, programmatic dependent launch={lanes_pdl(q.device)}, "
-             f"for plain GDN windows {lanes_pdl(q.device, True, False)}); "
+             f"for plain GDN windows {lanes_pdl(q.device, True, False)}, at 8 columns {lanes_pdl(q.device, True, False, 8)}); "
              "K-major decode: register-tile kernel; on CUDA, KDA's all-modes windows and plain verify windows at 4-8 "
              "columns: gate and beta exponentials / reciprocals without fix-ups (recurrent.use_fast_gate); on CUDA sm_90, "
              "one-warp tiles under 16 columns of the V-major pool: each token's key sums as one reduce-scatter across "

@@ -531,11 +531,12 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
 
 
 # From this Triton version a plain GDN window (per-head decay, PLAIN binary) runs slower as a programmatic
-# dependent launch (lanes_pdl)
+# dependent launch (lanes_pdl), except at value tiles of at most LANES_PDL_PLAIN_PER_HEAD_MAX_TILE columns
 LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON = (3, 7)
+LANES_PDL_PLAIN_PER_HEAD_MAX_TILE = 8
 
 
-def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool = True) -> bool:
+def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool = True, value_tile: int = 16) -> bool:
     """Whether the lanes kernel starts as a programmatic dependent launch of its prologue (Triton
     ``launch_pdl``): it loads its state slice and replays the previous window's records while the
     prologue runs, and waits (``gdc_wait``) only before reading the prologue's outputs. NVIDIA sm_90 and
@@ -547,7 +548,11 @@ def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool
     (docs/kernels.md, nineteenth round), GDN T=5 B = 32 / 128 60.74 / 224.23 us with it, 50.93 / 177.32
     without (the lanes kernel itself 58.6 -> 48.4 us, its binary the same apart from the wait); KDA's plain
     windows 16.50 / 47.85 with it, 17.52 / 49.67 without, GDN deferred windows 68.49 / 68.59. Triton 3.6
-    gained from it in every mode (GDN plain B=32 49.40 vs 49.85), so it keeps it."""
+    gained from it in every mode (GDN plain B=32 49.40 vs 49.85), so it keeps it. The narrow tile of a plain GDN
+    window (``value_tile`` <= :data:`LANES_PDL_PLAIN_PER_HEAD_MAX_TILE`, ``pick_lanes_tile``'s 8 columns) keeps it
+    under 3.7+ too: H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-lanes_pdl_plain_small.json``, graph replay,
+    states from HBM), GDN T=5 B=2 (8 columns) 7.38 -> 6.73 us with it, while the 16-column windows lost
+    B = 4 / 8 / 16 / 32 10.88 / 17.51 / 29.88 / 50.78 -> 12.84 / 19.01 / 33.18 / 60.73 (issue 4, twentieth round)."""
     import os
 
     if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0" or gdc_wait is None:
@@ -555,7 +560,8 @@ def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool
     plat = device_platform(device)
     if plat.device != "cuda" or not (plat.arch or "").startswith("sm"):
         return False
-    if plain and not per_channel_decay and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON:
+    if (plain and not per_channel_decay and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
+            and value_tile > LANES_PDL_PLAIN_PER_HEAD_MAX_TILE):
         return False
     return int(plat.arch[2:]) >= 90
 
@@ -577,7 +583,7 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
     dec = torch.empty((N, HV, K) if per_channel else (N, HV), device=dev, dtype=torch.float32)
     bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
     hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
-    pdl = lanes_pdl(q.device, plain, per_channel)
+    pdl = lanes_pdl(q.device, plain, per_channel, BV)
     token_prep_kernel[(N, HV // hb)](
         q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
         replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
