@@ -75,5 +75,22 @@ class TestNanGuard(unittest.TestCase):
         self.assertEqual(nan_guard._poisoned, {})  # consumed
 
 
+class TestTestOnlyNanInjection(unittest.TestCase):
+    """The reference model's fault injection (``SGLANG_HYBRID_TEST_INJECT_NAN``) poisons prompt positions only: a
+    decode step whose sampled input token is the trigger stays finite (it used to fail unrelated requests of the
+    reliability server tests now and then)."""
+
+    def test_prompt_positions_only(self):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang_hybrid.models.kimi_k3.model import _inject_nan_for_test
+
+        x, ids, spec = torch.ones(3, 4), torch.tensor([5, 964, 7]), (2, 964)
+        extend = _inject_nan_for_test(x, ids, 2, spec, SimpleNamespace(forward_mode=ForwardMode.EXTEND))
+        self.assertEqual(torch.isnan(extend).all(dim=1).tolist(), [False, True, False])
+        decode = _inject_nan_for_test(x, ids, 2, spec, SimpleNamespace(forward_mode=ForwardMode.DECODE))
+        self.assertTrue(torch.isfinite(decode).all())
+        self.assertTrue(torch.isfinite(_inject_nan_for_test(x, ids, 1, spec)).all())  # another layer
+
+
 if __name__ == "__main__":
     unittest.main()
