@@ -280,8 +280,7 @@ def kernel_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
                                                            token_prep_kernel)
 
-    lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr", "q_ptr", "k_ptr",
-             "f_ptr", "b_ptr", "A_log_ptr", "dt_bias_ptr", "replay_ptr")
+    lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr")
 
     # the prologue and the lanes kernel as recurrent._launch_lanes launches them: on sm_90 as a programmatic
     # dependent launch pair (PDL, recurrent.lanes_pdl), on CDNA without
@@ -290,15 +289,14 @@ def kernel_configs() -> List[KernelConfig]:
     from sgl_hybrid_kernel.delta_rule.recurrent import (LANES_PDL_PLAIN_PER_HEAD_MAX_TILE, LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON,
                                                         TRITON_VERSION)
 
-    def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False, selfprep=False):
+    def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
         # plain GDN windows over 8 columns launch without PDL from Triton 3.7 (recurrent.lanes_pdl); FOLD on CUDA
         # only (triton_lanes.lanes_fold)
         no_pdl = (plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
                   and bv > LANES_PDL_PLAIN_PER_HEAD_MAX_TILE)
         return [KernelConfig(name, gated_delta_verify_lanes_kernel,
                              dict(T=T, BV=bv, KL=kl, PER_CHANNEL=gate != GATE_GDN, V_FIRST=lanes_v_first(), FOLD="sm90" in targets, PLAIN=plain,
-                                  SNAPSHOTS=snapshots, PDL=pdl and not no_pdl and not selfprep, SELFPREP=selfprep, L2NORM=True,
-                                  s_v=shape["K"],
+                                  SNAPSHOTS=snapshots, PDL=pdl and not no_pdl, s_v=shape["K"],
                                   **{d: shape[d] for d in ("H", "HV", "K", "V")}),
                              num_warps=1, divisible=lptrs + ("s_slot", "s_h", "is_slot"), targets=targets)
                 for targets, pdl in by_pdl]
@@ -318,10 +316,7 @@ def kernel_configs() -> List[KernelConfig]:
                          lanes("gdn_lanes_t5_bv8_kl8", 5, 8, 8, GATE_GDN, gdn),  # the narrow tile (pick_lanes_tile)
                          lanes("kda_lanes_t4_bv16_kl8", 4, 16, 8, GATE_KDA_SAFE, kda),
                          lanes("gdn_lanes_t5_bv16_kl8_deferred", 5, 16, 8, GATE_GDN, gdn, False),
-                         lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False, True),
-                         lanes("gdn_lanes_t5_bv16_kl8_deferred_selfprep", 5, 16, 8, GATE_GDN, gdn, False, selfprep=True),
-                         lanes("gdn_lanes_t5_bv16_kl8_allmodes_selfprep", 5, 16, 8, GATE_GDN, gdn, False, True, selfprep=True))
-            for c in cs]
+                         lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False, True)) for c in cs]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
     # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
     from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel

@@ -566,15 +566,6 @@ def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool
     return int(plat.arch[2:]) >= 90
 
 
-def lanes_selfprep(plain: bool, per_channel_decay: bool) -> bool:
-    """Whether a deferred / snapshot window (not ``plain``) with a per-head decay has every lanes program write its
-    head's token inputs itself (``SELFPREP``: no prologue launch). Experiment switch ``SGL_HYBRID_LANES_SELFPREP=1``
-    (issue 4, twenty-first round)."""
-    import os
-
-    return not plain and not per_channel_decay and os.environ.get("SGL_HYBRID_LANES_SELFPREP", "0") == "1"
-
-
 def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,
                   replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL, num_stages=1):
     """The per-token prologue and the lanes kernel (``triton_lanes.py``) for one step."""
@@ -591,33 +582,28 @@ def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_
     qn, kn = (torch.empty(N, H, K, device=dev, dtype=torch.float32) for _ in range(2))
     dec = torch.empty((N, HV, K) if per_channel else (N, HV), device=dev, dtype=torch.float32)
     bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
-    selfprep = lanes_selfprep(plain, per_channel)
-    pdl = lanes_pdl(q.device, plain, per_channel, BV) and not selfprep
-    if not selfprep:
-        hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
-        token_prep_kernel[(N, HV // hb)](
-            q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
-            replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
-            replay_buffer.stride(0) if replay_buffer is not None else 0, 1 if replay_buffer is not None else 0,
-            T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm, PDL=pdl,
-            num_warps=2 if hb == 8 else 1,
-        )
+    hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
+    pdl = lanes_pdl(q.device, plain, per_channel, BV)
+    token_prep_kernel[(N, HV // hb)](
+        q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
+        replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
+        replay_buffer.stride(0) if replay_buffer is not None else 0, 1 if replay_buffer is not None else 0,
+        T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm, PDL=pdl,
+        num_warps=2 if hb == 8 else 1,
+    )
     s0, s1, s2, _ = state.stride()
-    rb_out = replay_buffer if (selfprep and replay_buffer is not None) else None
     gated_delta_verify_lanes_kernel[(V // BV, B * HV)](
         qn, kn, dec, bq, v, o, state, state_indices,
         inter_state if inter_state is not None else state,
         inter_indices if inter_indices is not None else state_indices,
         replay_prev if replay_prev is not None else bq,
         accept_prev if accept_prev is not None else state_indices,
-        q, k, f, b, A_log, dt_bias, rb_out if rb_out is not None else bq, scale,
-        rb_out.stride(0) if rb_out is not None else 0,
         s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
         replay_prev.stride(0) if replay_prev is not None else 0, flags,
         T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(),
         FOLD=lanes_fold(q.device), PLAIN=plain,
-        SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, SELFPREP=selfprep, L2NORM=l2norm, num_warps=1,
-        num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
+        SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, num_warps=1, num_stages=num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 

@@ -209,7 +209,7 @@ def _lanes_update(S, k, v, d, beta, V_FIRST: tl.constexpr, FOLD: tl.constexpr = 
     return Sd + k * _lanes_col(beta * err, V_FIRST), Sd, err
 
 
-@triton.jit(do_not_specialize=["r_slot", "r_out", "flags"])
+@triton.jit(do_not_specialize=["r_slot", "flags"])
 def gated_delta_verify_lanes_kernel(
     qn_ptr,  # [N, H, K] FP32 (token_prep_kernel)
     kn_ptr,  # [N, H, K] FP32
@@ -223,15 +223,6 @@ def gated_delta_verify_lanes_kernel(
     inter_idx_ptr,  # [N] snapshot slot per token (< 0: skip)
     replay_prev_ptr,  # FLAG_REPLAY_PREV: the previous window's records
     accept_prev_ptr,  # FLAG_REPLAY_PREV: [B] tokens accepted of the previous window (1..T)
-    q_ptr,  # SELFPREP: raw [N, H, K]
-    k_ptr,  # SELFPREP: raw [N, H, K]
-    f_ptr,  # SELFPREP: raw gate input [N, HV]
-    b_ptr,  # SELFPREP: raw beta [N, HV]
-    A_log_ptr,  # SELFPREP: [HV]
-    dt_bias_ptr,  # SELFPREP: [HV]
-    replay_ptr,  # SELFPREP and FLAG_DEFERRED: out [slots, T - 1, HV, K + 2 + V] records of tokens 1..T-1
-    scale,
-    r_out,
     s_slot,
     s_h,
     s_v: tl.constexpr,
@@ -251,8 +242,6 @@ def gated_delta_verify_lanes_kernel(
     PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
     SNAPSHOTS: tl.constexpr,  # with PLAIN False: compile the snapshot writes in (FLAG_SAVE_INTER honoured)
     PDL: tl.constexpr,  # launched as a programmatic dependent launch of token_prep_kernel (recurrent.lanes_pdl)
-    SELFPREP: tl.constexpr = False,  # per-head decay: every program writes its head's token inputs itself (no prologue)
-    L2NORM: tl.constexpr = True,  # SELFPREP: L2-normalise q and k
 ):
     """Decode / verify window of ``T`` tokens for one (request, value head, ``BV`` columns), one warp.
     Needs ``K % (4 * KL) == 0``, ``V % BV == 0`` and a key-contiguous pool (the wrapper checks).
@@ -305,36 +294,6 @@ def gated_delta_verify_lanes_kernel(
                                         V_FIRST, FOLD)
     if PDL:  # everything above reads only what earlier kernels wrote; the prologue's outputs come next
         gdc_wait()
-    if SELFPREP:  # token_prep_kernel's outputs for this (request, head), one token per step, 32 lanes x K/32 keys;
-        # the program's sibling column tiles write the same values (a benign race); records by the first tile
-        o_k = tl.arange(0, K)
-        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-        dtb = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-        for t in tl.static_range(T):
-            n = i_b * T + t
-            qv = tl.load(q_ptr + (n * H + i_h) * K + o_k).to(tl.float32)
-            kv = tl.load(k_ptr + (n * H + i_h) * K + o_k).to(tl.float32)
-            if L2NORM:
-                qv = qv * tl.rsqrt(tl.sum(qv * qv, axis=0) + 1e-6)
-                kv = kv * tl.rsqrt(tl.sum(kv * kv, axis=0) + 1e-6)
-            qv = qv * scale
-            tl.store(qn_ptr + (n * H + i_h) * K + o_k, qv)
-            tl.store(kn_ptr + (n * H + i_h) * K + o_k, kv)
-            bt = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + n * HV + i_hv).to(tl.float32)))
-            gt = -A * _softplus(tl.load(f_ptr + n * HV + i_hv).to(tl.float32) + dtb)
-            tl.store(d_ptr + n * HV + i_hv, gt)
-            tl.store(bq_ptr + (n * HV + i_hv) * 2, bt)
-            tl.store(bq_ptr + (n * HV + i_hv) * 2 + 1, bt * tl.sum(qv * kv, axis=0))
-            if t > 0:
-                if DEFERRED:
-                    if i_v == 0:
-                        rec = replay_ptr + slot * r_out + ((t - 1) * HV + i_hv) * RW
-                        tl.store(rec + o_k, kv)
-                        tl.store(rec + K, gt)
-                        tl.store(rec + K + 1, bt)
-                        o_r = tl.arange(0, V)
-                        tl.store(rec + K + 2 + o_r, tl.load(v_ptr + (n * HV + i_hv) * V + o_r).to(tl.float32))
-        tl.debug_barrier()
     n = i_b * T
     q = tl.load(qn_ptr + (n * H + i_h) * K + kidx)
     k = tl.load(kn_ptr + (n * H + i_h) * K + kidx)
