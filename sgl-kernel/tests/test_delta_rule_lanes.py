@@ -365,3 +365,23 @@ def test_lanes_fold_rule(monkeypatch, device, hip, interpret, want):
     else:
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
     assert lanes_fold(device) is want
+
+
+def test_replay_records_and_states_are_stored_streaming():
+    """A deferred window's replay records are read only by the next window's replay, so they are stored
+    streaming (``st.global.cs``, ``triton_recurrent.RECORD_STORE_CACHE``) like the states (H200: GDN deferred
+    B=32 70.3 -> 68.3 us, issue 4, twenty-first round). Checked in the sm_90 PTX the wrappers launch: the prologue
+    writes its records streaming and its lanes-kernel inputs (read at once) plainly; the one-warp all-modes
+    binary writes every FP32 value (state, snapshots, records) streaming and only the BF16 outputs plainly.
+    Compiled in a subprocess: this suite runs the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import collections, re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
+            "print([dict(collections.Counter(re.findall(r'st\\.global[.\\w]*', compiled_asm(n)['ptx']))) "
+            "for n in ('token_prep_gdn_t5_hb8', 'gdn_verify1w_t5_bv8_allmodes_xred')])")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    prep, one_warp = ast.literal_eval(res.stdout.strip().splitlines()[-1])
+    assert sum(n for op, n in prep.items() if ".cs." in op) >= 4, prep  # k, g, beta and v of the records
+    assert sum(n for op, n in prep.items() if ".cs." not in op) > 0, prep  # q, k, gates for the lanes kernel
+    plain = {op: n for op, n in one_warp.items() if ".cs." not in op}
+    assert plain and all(op.endswith(".b16") for op in plain), one_warp

@@ -46,7 +46,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE, TRITON_VERSION, _fold_last, _softplus
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import (RECORD_STORE_CACHE, STATE_LOAD_EVICTION, STATE_STORE_CACHE, TRITON_VERSION,
+                                                          _fold_last, _softplus)
 
 try:  # grid dependency control (programmatic dependent launch, sm_90+); only compiled in with PDL=True
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -150,16 +151,17 @@ def token_prep_kernel(
         if slot >= 0:
             GK: tl.constexpr = 1 if GATE == 2 else K
             rec = replay_ptr + slot * r_slot + ((t - 1) * HV + o_hv) * (K + GK + 1 + V)  # [HB] record starts
-            tl.store(rec[:, None] + o_k[None, :], k, mask=m_hk)
+            # streaming stores: only the next window's replay reads them (triton_recurrent.RECORD_STORE_CACHE)
+            tl.store(rec[:, None] + o_k[None, :], k, mask=m_hk, cache_modifier=RECORD_STORE_CACHE)
             if GATE == 2:  # the one-warp kernel's record format: log decay, so either kernel can replay it
-                tl.store(rec + K, g, mask=m_h)
+                tl.store(rec + K, g, mask=m_h, cache_modifier=RECORD_STORE_CACHE)
             else:
-                tl.store(rec[:, None] + K + o_k[None, :], g, mask=m_hk)
-            tl.store(rec + K + GK, beta, mask=m_h)
+                tl.store(rec[:, None] + K + o_k[None, :], g, mask=m_hk, cache_modifier=RECORD_STORE_CACHE)
+            tl.store(rec + K + GK, beta, mask=m_h, cache_modifier=RECORD_STORE_CACHE)
             o_r = tl.arange(0, BVR)
             m_hr = m_h[:, None] & (o_r < V)[None, :]
             vr = tl.load(v_ptr + (n * HV + o_hv)[:, None] * V + o_r[None, :], mask=m_hr, other=0.0).to(tl.float32)
-            tl.store(rec[:, None] + (K + GK + 1) + o_r[None, :], vr, mask=m_hr)
+            tl.store(rec[:, None] + (K + GK + 1) + o_r[None, :], vr, mask=m_hr, cache_modifier=RECORD_STORE_CACHE)
 
 
 def prep_heads_per_program(num_v_heads: int, num_tokens: int = 1 << 30, num_compute_units: int = 132) -> int:

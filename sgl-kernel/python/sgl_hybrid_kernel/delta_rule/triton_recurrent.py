@@ -54,6 +54,12 @@ FLAG_REPLAY_PREV = 8  # first replay the previous window's accepted prefix from 
 # was 1-5 % faster. On CDNA Triton lowers them to the non-temporal bits (untested on hardware).
 STATE_LOAD_EVICTION = tl.constexpr("evict_first")
 STATE_STORE_CACHE = tl.constexpr(".cs")
+# A deferred window's replay records (tokens 1..T-1's compact inputs) are read only by the next window's
+# replay, after the rest of the model's step: stored streaming (``.cs``) like the states, so their dirty
+# lines do not sit in L2 beside the window's state traffic. H200, Triton 3.8 (issue 4, twenty-first round,
+# ``2026-12-02-h200-deferred_records_cs.json``): GDN deferred T=5 B=32 70.01 -> 68.12 us, with the previous
+# window's replay fused 77.32 -> 75.30.
+RECORD_STORE_CACHE = tl.constexpr(".cs")
 
 
 @triton.jit
@@ -459,16 +465,16 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             if DEFERRED:
                 rec = rec_base + ((t - 1) * HV + i_hv) * RW
                 if i_v == 0:
-                    tl.store(rec + o_k, k, mask=m_k)
+                    tl.store(rec + o_k, k, mask=m_k, cache_modifier=RECORD_STORE_CACHE)
                     if GATE == 2:
-                        tl.store(rec + K, g)
+                        tl.store(rec + K, g, cache_modifier=RECORD_STORE_CACHE)
                     else:
-                        tl.store(rec + K + o_k, g, mask=m_k)
-                    tl.store(rec + K + GK, b)
+                        tl.store(rec + K + o_k, g, mask=m_k, cache_modifier=RECORD_STORE_CACHE)
+                    tl.store(rec + K + GK, b, cache_modifier=RECORD_STORE_CACHE)
                 if XRED:
-                    tl.store(rec + K + GK + 1 + o_v, v, mask=m_vs)
+                    tl.store(rec + K + GK + 1 + o_v, v, mask=m_vs, cache_modifier=RECORD_STORE_CACHE)
                 else:
-                    tl.store(rec + K + GK + 1 + o_v, v, mask=m_v)
+                    tl.store(rec + K + GK + 1 + o_v, v, mask=m_v, cache_modifier=RECORD_STORE_CACHE)
         if t + 1 < T:
             q, k, v, f, b = qn, kn, vn, fn, bn
     if COMMIT:
@@ -593,13 +599,15 @@ def gated_delta_recurrent_kernel(
             m_r = (o_t >= 1) & m_t
             rec = replay_ptr + slot * r_slot + ((o_t - 1) * HV + i_hv) * RW  # [TP]
             if i_v == 0:
-                tl.store(rec[None, :] + o_k[:, None], Kt, mask=m_k[:, None] & m_r[None, :])
+                tl.store(rec[None, :] + o_k[:, None], Kt, mask=m_k[:, None] & m_r[None, :], cache_modifier=RECORD_STORE_CACHE)
                 if GATE == 2:
-                    tl.store(rec + K, G, mask=m_r)
+                    tl.store(rec + K, G, mask=m_r, cache_modifier=RECORD_STORE_CACHE)
                 else:
-                    tl.store(rec[None, :] + K + o_k[:, None], G, mask=m_k[:, None] & m_r[None, :])
-                tl.store(rec + K + GK, beta, mask=m_r)
-            tl.store(rec[:, None] + (K + GK + 1) + o_v[None, :], Vt, mask=m_r[:, None] & m_v[None, :])
+                    tl.store(rec[None, :] + K + o_k[:, None], G, mask=m_k[:, None] & m_r[None, :],
+                             cache_modifier=RECORD_STORE_CACHE)
+                tl.store(rec + K + GK, beta, mask=m_r, cache_modifier=RECORD_STORE_CACHE)
+            tl.store(rec[:, None] + (K + GK + 1) + o_v[None, :], Vt, mask=m_r[:, None] & m_v[None, :],
+                     cache_modifier=RECORD_STORE_CACHE)
 
         # 3. The dependent chain: one decay, two K-reductions on the decayed state, one update.
         O = tl.zeros([TP, BV], dtype=tl.float32)

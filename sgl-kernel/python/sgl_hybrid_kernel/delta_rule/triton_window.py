@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import _elem, _row, _softplus
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import RECORD_STORE_CACHE, _elem, _row, _softplus
 
 
 @triton.jit
@@ -133,13 +133,14 @@ def gated_delta_window_kernel(
         m_r = m_new & (t_new >= 1)
         rec = replay_ptr + slot * r_slot + ((t_new - 1) * HV + i_hv) * RW  # [TP]
         if i_v == 0:
-            tl.store(rec[:, None] + o_k[None, :], Kw, mask=m_r[:, None] & m_k[None, :])
+            tl.store(rec[:, None] + o_k[None, :], Kw, mask=m_r[:, None] & m_k[None, :], cache_modifier=RECORD_STORE_CACHE)
             if GATE == 2:
-                tl.store(rec + K, G, mask=m_r)
+                tl.store(rec + K, G, mask=m_r, cache_modifier=RECORD_STORE_CACHE)
             else:
-                tl.store(rec[:, None] + K + o_k[None, :], G, mask=m_r[:, None] & m_k[None, :])
-            tl.store(rec + K + GK, beta, mask=m_r)
-        tl.store(rec[:, None] + (K + GK + 1) + o_v[None, :], Vw, mask=m_r[:, None] & m_v[None, :])
+                tl.store(rec[:, None] + K + o_k[None, :], G, mask=m_r[:, None] & m_k[None, :], cache_modifier=RECORD_STORE_CACHE)
+            tl.store(rec + K + GK, beta, mask=m_r, cache_modifier=RECORD_STORE_CACHE)
+        tl.store(rec[:, None] + (K + GK + 1) + o_v[None, :], Vw, mask=m_r[:, None] & m_v[None, :],
+                 cache_modifier=RECORD_STORE_CACHE)
 
     p_s = state_ptr + slot * s_slot + i_hv * s_h + o_k[:, None] * s_k + o_v[None, :] * s_v
     S0 = tl.load(p_s, mask=m_kv, other=0.0).to(tl.float32)
