@@ -212,18 +212,24 @@ def test_lanes_kernel_refuses_shapes_outside_its_contract():
                                      state_layout="vk", value_tile=8, key_lanes=4)
 
 
+def _run_compiled(code: str) -> str:
+    """stdout of ``code`` run in a subprocess without ``TRITON_INTERPRET`` (this suite runs the interpreter; the
+    checks below read what Triton compiles for sm_90)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
 def test_installed_triton_puts_lanes_on_the_value_axis():
     """Speed, not correctness: with the installed Triton's coalescing (``lanes_v_first``), the state tile of
     the served config compiles (sm_90) to 8 lanes on the keys and 4 on the value columns; the other
     arrangement would put every lane on the keys (Triton 3.6 and 3.7+ break the tie between the two
     non-contiguous axes in opposite directions). Compiled in a subprocess: this suite runs the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("from sgl_hybrid_kernel.compile_gate import blocked_layouts; "
-            "from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_v_first; "
-            "print(lanes_v_first(), [t for s, t in blocked_layouts('gdn_lanes_t5_bv16_kl8') if len(t) == 3])")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    v_first, three_d = res.stdout.split(" ", 1)
+    out = _run_compiled("from sgl_hybrid_kernel.compile_gate import blocked_layouts; "
+                        "from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_v_first; "
+                        "print(lanes_v_first(), [t for s, t in blocked_layouts('gdn_lanes_t5_bv16_kl8') if len(t) == 3])")
+    v_first, three_d = out.split(" ", 1)
     three_d = ast.literal_eval(three_d)
     assert three_d, "no 3-D state layout in the compiled kernel"
     v_axis = 0 if v_first == "True" else 1
@@ -374,13 +380,10 @@ def test_replay_records_and_states_are_stored_streaming():
     writes its records streaming and its lanes-kernel inputs (read at once) plainly; the one-warp all-modes
     binary writes every FP32 value (state, snapshots, records) streaming and only the BF16 outputs plainly.
     Compiled in a subprocess: this suite runs the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import collections, re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
-            "print([dict(collections.Counter(re.findall(r'st\\.global[.\\w]*', compiled_asm(n)['ptx']))) "
-            "for n in ('token_prep_gdn_t5_hb8', 'gdn_verify1w_t5_bv8_allmodes_xred')])")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    prep, one_warp = ast.literal_eval(res.stdout.strip().splitlines()[-1])
+    out = _run_compiled("import collections, re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
+                        "print([dict(collections.Counter(re.findall(r'st\\.global[.\\w]*', compiled_asm(n)['ptx']))) "
+                        "for n in ('token_prep_gdn_t5_hb8', 'gdn_verify1w_t5_bv8_allmodes_xred')])")
+    prep, one_warp = ast.literal_eval(out.strip().splitlines()[-1])
     assert sum(n for op, n in prep.items() if ".cs." in op) >= 4, prep  # k, g, beta and v of the records
     assert sum(n for op, n in prep.items() if ".cs." not in op) > 0, prep  # q, k, gates for the lanes kernel
     plain = {op: n for op, n in one_warp.items() if ".cs." not in op}
