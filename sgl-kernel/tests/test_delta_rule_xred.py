@@ -131,6 +131,8 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     monkeypatch.setattr(rec, "device_platform", lambda device: SimpleNamespace(arch=arch[0], device="cpu"))
     use = rec.use_xred
     assert [use(cuda, "vk", 1, 128, bv) for bv in (1, 2, 4, 8, 16)] == [0, 1, 1, 1, 0]
+    # a plain GDN window whose scalars are prepared first (use_tokprep) takes it at 16 columns too
+    assert [use(cuda, "vk", 1, 128, bv, prepped=True) for bv in (1, 4, 16, 32)] == [0, 1, 1, 0]
     assert use(cuda, "vk", 1, 96, 4) == 1  # a 128-key tile with masked keys
     # other key widths lay the state tile out otherwise (K=64: 16 lanes on the keys; K=256: 8 keys per thread)
     assert [use(cuda, "vk", 1, kk, 4) for kk in (32, 64, 160, 256)] == [0, 0, 0, 0]
@@ -171,7 +173,11 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
                                  commit=False)
     w = _window(gen, 1, 5, 16, 48, 128, 128, "gdn")
     gated_delta_recurrent_triton(*w, torch.zeros(2, 48, 128, 128), torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False)
-    assert seen == [(4, 1), (4, 1)]
+    # B=2: a prepared GDN window (TOKPREP) stays on the one-warp kernel, at 8 columns, where it took the lanes kernel
+    w2 = _window(gen, 2, 5, 16, 48, 128, 128, "gdn")
+    gated_delta_recurrent_triton(*w2, torch.zeros(3, 48, 128, 128), torch.tensor([0, 2]), 5, "gdn", state_layout="vk",
+                                 commit=False)
+    assert seen == [(4, 1), (4, 1), (8, 1)]
     # an explicit xred outside the kernel's contract: a ValueError naming it
     pool = torch.zeros(2, 48, 128, 128)
     bad = [dict(state_layout="kv", wide=True, value_tile=4, xred=1),  # K-major pool
@@ -238,3 +244,110 @@ def test_compiled_kernel_shuffles_on_the_lanes_and_fewer_times():
     err, n_ir, nx, n0 = res.stdout.split()
     assert err == "None" and int(n_ir) > 0
     assert int(nx) < 0.6 * int(n0), (nx, n0)
+
+
+@pytest.mark.parametrize("T,BV,V,K,l2norm", [(5, 4, 16, 128, True), (2, 8, 24, 96, True), (4, 2, 16, 128, False),
+                                             (9, 4, 8, 128, True)])
+def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(T, BV, V, K, l2norm):
+    """``tokprep`` (``triton_recurrent._verify_window_prep``): a plain GDN window whose per-head scalars -- every
+    token's norms and ``q.k`` as one reduce-scatter (16 sums at T = 5, 32 at T = 9), decays and betas one token per
+    lane -- are computed before the state's chain gives fla's naive recurrence's outputs and final state, and the
+    per-token chain's (``tokprep=False``) to FP32 rounding; padding rows write zeros, slots nobody names stay NaN,
+    masked columns (V = 24 at 8 columns) are not written. Without the L2 norm (inputs scaled so the recurrence
+    stays bounded) the oracle is the per-token chain."""
+    gen = torch.Generator().manual_seed(23)
+    B, H, HV = 3, 1, 3
+    w = list(_window(gen, B, T, H, HV, K, V, "gdn"))
+    if not l2norm:
+        w[0], w[1] = w[0] * 0.08, w[1] * 0.08
+    pool = torch.randn(6, HV, V, K, generator=gen)
+    pool[2] = NAN
+    idx = torch.tensor([5, -1, 0])
+    res = {}
+    for tp in (True, False):
+        p = pool.clone()
+        o = torch.full_like(w[2], NAN)
+        gated_delta_recurrent_triton(*w, p, idx, T, "gdn", state_layout="vk", commit=True, wide=True, value_tile=BV, xred=2,
+                                     l2norm=l2norm, tokprep=tp, out=o)
+        res[tp] = (o, p)
+    o, p = res[True]
+    assert (o[T:2 * T] == 0).all() and not o.isnan().any()
+    assert p[2].isnan().all() and torch.equal(p[[1, 3, 4]], pool[[1, 3, 4]])
+    torch.testing.assert_close(o, res[False][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(p, res[False][1], rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert not torch.equal(o, res[False][0]) or not torch.equal(p, res[False][1])  # another path, not the same code
+    if not l2norm:
+        return
+    for i, s in enumerate(idx.tolist()):
+        if s < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        ro, rS = _naive("gdn", w[0][sl], w[1][sl], w[2][sl], w[3][sl], w[4][sl], w[5], w[6], pool[s].transpose(-1, -2), HV // H)
+        torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(p[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
+
+
+def test_window_scalars_first_rule_and_contract(monkeypatch):
+    """``recurrent.use_tokprep``: plain GDN windows of 2 to 10 tokens that take the reduce-scatter, not KDA (per-key
+    decays), decode, snapshot / deferred windows or butterflies; ``SGL_HYBRID_TOKPREP=0`` turns it off, and the
+    wrapper passes the answer as ``TOKPREP``. An explicit ``tokprep=True`` outside that contract is a
+    ``ValueError`` naming it."""
+    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+
+    monkeypatch.delenv("SGL_HYBRID_TOKPREP", raising=False)
+    use = rec.use_tokprep
+    assert [use(GATE_GDN, t, True, 1) for t in (1, 2, 5, 10, 11)] == [False, True, True, True, False]
+    assert not use(GATE_KDA_SAFE, 5, True, 1) and not use(GATE_GDN, 5, False, 1) and not use(GATE_GDN, 5, True, 0)
+    monkeypatch.setenv("SGL_HYBRID_TOKPREP", "0")
+    assert not use(GATE_GDN, 5, True, 1)
+    monkeypatch.delenv("SGL_HYBRID_TOKPREP")
+
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["XRED"], kw["TOKPREP"]))
+
+    # the tiles of prepared windows (48 value heads, the H200's table): 4 columns at B=1, 8 at B=2, 16 at B=4 (the one
+    # batch whose 16-column grid is 9-12 programs per SM), 8 otherwise; the lanes kernel from 64 programs per SM
+    tiles = [rec.pick_wide_tile(b, 48, 128, tokens=5, xred=True, prepped=True) for b in (1, 2, 3, 4, 5, 8, 21)]
+    assert tiles == [4, 8, 8, 16, 8, 8, 8], tiles
+    assert [rec.pick_lanes_tile(b, 48, 128, 128, 5, False, xred=True, prepped=True) for b in (2, 21, 22)] == [None, None, (16, 8)]
+    assert rec.pick_lanes_tile(2, 48, 128, 128, 5, False, xred=True) == (8, 8)  # without TOKPREP, as before
+
+    monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
+    gen = torch.Generator().manual_seed(5)
+    w = _window(gen, 1, 5, 1, 2, 128, 16, "gdn")
+    pool = torch.zeros(2, 2, 16, 128)
+    for xr in (1, 0):
+        gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, wide=True,
+                                     value_tile=4, xred=xr)
+    inter = torch.zeros(6, 2, 16, 128)
+    gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, wide=True,
+                                 value_tile=4, xred=1, inter_state=inter, inter_indices=torch.arange(5))
+    assert seen == [(1, True), (0, False), (1, False)]
+    wk = _window(gen, 1, 4, 1, 1, 128, 16, "kda")
+    bad = [(w, 5, "gdn", dict(xred=0)), (w, 5, "gdn", dict(xred=1, inter_state=inter, inter_indices=torch.arange(5))),
+           (wk, 4, "kda", dict(xred=1))]
+    for ww, T, gate, kw in bad:
+        with pytest.raises(ValueError, match="tokprep"):
+            gated_delta_recurrent_triton(*ww, torch.zeros(2, ww[2].shape[1], 16, 128), torch.tensor([0]), T, gate,
+                                         LB if gate == "kda" else None, state_layout="vk", commit=False, wide=True,
+                                         value_tile=4, tokprep=True, **kw)
+
+
+def test_window_scalars_first_compile_once_per_window():
+    """What the ``TOKPREP`` binary is for, read from the sm_90 PTX of the served T=5, 4-column row: the window's
+    norms take one ``rsqrt`` and its gates and betas one set of exponentials, where the per-token binary takes
+    two ``rsqrt`` and three exponentials per token (so 10 and 15 + 1 at T = 5). Compiled in a subprocess (this
+    suite runs the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
+            "print([(len(re.findall(r'rsqrt\\.approx', p)), len(re.findall(r'ex2\\.approx', p))) for p in "
+            "(compiled_asm(n)['ptx'] for n in ('gdn_verify1w_t5_bv4_xred_tokprep', 'gdn_verify1w_t5_bv4_xred'))])")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (rs_tp, ex_tp), (rs_tok, ex_tok) = eval(res.stdout.strip().splitlines()[-1])
+    assert rs_tok == 10 and ex_tok == 16, (rs_tok, ex_tok)
+    assert rs_tp == 1 and ex_tp == 4, (rs_tp, ex_tp)

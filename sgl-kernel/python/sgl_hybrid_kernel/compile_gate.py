@@ -67,10 +67,24 @@ class Report:
         return self.error is None and self.spills == 0 and self.shared_bytes <= self.budget
 
 
+def _constexprs(cfg: KernelConfig) -> Dict[str, object]:
+    """``cfg.constexprs`` plus the defaults of the kernel's other constexpr parameters, as the JIT launches them
+    (``ASTSource`` alone would make a constexpr parameter left out of ``constexprs`` a runtime argument)."""
+    out = {}
+    for p, prm in inspect.signature(cfg.kernel.fn).parameters.items():
+        ann = prm.annotation
+        if p not in cfg.constexprs and prm.default is not inspect.Parameter.empty and (
+                ann == "tl.constexpr" or getattr(ann, "__name__", "") == "constexpr"):
+            out[p] = prm.default
+    out.update(cfg.constexprs)
+    return out
+
+
 def _signature(cfg: KernelConfig) -> Dict[str, str]:
     sig = {}
+    cexprs = _constexprs(cfg)
     for p in inspect.signature(cfg.kernel.fn).parameters:
-        if p in cfg.constexprs:
+        if p in cexprs:
             sig[p] = "constexpr"
         elif p.endswith("_ptr"):
             sig[p] = "*i32" if p in INDEX_POINTERS else ("*" + cfg.activation_dtype if p in ACTIVATION_POINTERS else "*fp32")
@@ -107,7 +121,7 @@ def _compile(cfg: KernelConfig, target: str):
 
     names = list(inspect.signature(cfg.kernel.fn).parameters)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in cfg.divisible} or None
-    return triton.compile(ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=cfg.constexprs, attrs=attrs),
+    return triton.compile(ASTSource(fn=cfg.kernel, signature=_signature(cfg), constexprs=_constexprs(cfg), attrs=attrs),
                           target=GPUTarget(*TARGETS[target]), options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
@@ -214,12 +228,13 @@ def kernel_configs() -> List[KernelConfig]:
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
                             num_warps=max(1, bv // 16), divisible=lay["divisible"])
 
-    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0):  # V-major decode and every verify window (recurrent.use_wide_verify)
+    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0, tokprep=False):  # V-major decode and every verify window (recurrent.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
 
         def cfg(targets, seq):
             return KernelConfig(name, gated_delta_verify_wide_kernel,
-                                dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, SEQ=seq, **shape,
+                                dict(T=T, BV=bv, GATE=gate, L2NORM=True, PLAIN=plain, FAST=fast, XRED=xred, SEQ=seq,
+                                     **(dict(TOKPREP=True) if tokprep else {}), **shape,
                                      **lay["constexprs"], **tile),
                                 num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile), targets=targets)
 
@@ -271,6 +286,11 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_verify1w_t4_bv2_xred", 4, 2, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("kda_verify1w_t4_bv16_xred", 4, 16, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("gdn_verify1w_t5_bv4_xred", 5, 4, GATE_GDN, gdn, vk, xred=1),
+            # plain GDN windows with XRED take every token's per-head scalars first (recurrent.use_tokprep)
+            wide("gdn_verify1w_t5_bv4_xred_tokprep", 5, 4, GATE_GDN, gdn, vk, xred=1, tokprep=True),
+            wide("gdn_verify1w_t5_bv8_xred_tokprep", 5, 8, GATE_GDN, gdn, vk, xred=1, tokprep=True),
+            wide("gdn_verify1w_t5_bv2_xred_tokprep", 5, 2, GATE_GDN, gdn, vk, xred=1, tokprep=True),
+            wide("gdn_verify1w_t5_bv16_xred_tokprep", 5, 16, GATE_GDN, gdn, vk, xred=1, tokprep=True),
             wide("kda_verify1w_t4_bv4_allmodes_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("kda_verify1w_t4_bv8_allmodes_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("gdn_verify1w_t5_bv4_allmodes_xred", 5, 4, GATE_GDN, gdn, vk, False, xred=1),

@@ -40,6 +40,10 @@ class ValueTileTuning:
     per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``; GDN's plain verify windows
     below ``lanes_per_cu`` take it at 8 columns from ``lanes_narrow_per_cu`` programs per compute unit at
     8 columns, or from ``lanes_narrow_xred_per_cu`` where the one-warp kernel runs ``XRED`` (:func:`use_xred`).
+    Plain GDN windows that the one-warp kernel prepares (``TOKPREP``, :func:`use_tokprep`) take 4 or 8 columns where
+    that grid has at most ``prepped_per_cu`` programs per compute unit, 16 where it has ``prepped_wide_min_per_cu``
+    to ``prepped_per_cu``, else 8 columns, and the lanes kernel from ``lanes_prepped_per_cu`` programs per compute
+    unit at 16 columns.
     ``tuned`` is False
     for the default built for a device no sweep has measured.
     """
@@ -55,6 +59,9 @@ class ValueTileTuning:
     lanes_all_modes_per_cu: int = 64
     lanes_narrow_per_cu: int = 4
     lanes_narrow_xred_per_cu: int = 8
+    prepped_per_cu: int = 12
+    prepped_wide_min_per_cu: int = 9
+    lanes_prepped_per_cu: int = 64
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
@@ -167,6 +174,7 @@ def gated_delta_recurrent_triton(
     key_lanes: Optional[int] = None,
     num_stages: Optional[int] = None,
     xred: Optional[int] = None,
+    tokprep: Optional[bool] = None,
 ) -> torch.Tensor:
     """Decode / verify step of the gated delta rule for a batch.
 
@@ -213,6 +221,9 @@ def gated_delta_recurrent_triton(
             0: Triton's per-column butterflies). ``None``: :func:`use_xred`. Given (not ``None``), the one-warp
             kernel runs (not the lanes kernel); 1 or 2 need :func:`xred_shape_ok` and ``wide`` not ``False``
             (``ValueError`` otherwise).
+        tokprep: one-warp kernel, plain GDN window with ``xred``: every token's norms, ``q.k``, decay and beta
+            computed first, as one reduce-scatter and one lane per token (``triton_recurrent._verify_window_prep``),
+            then the state's chain. ``None``: :func:`use_tokprep`; ``True`` outside those windows: ``ValueError``.
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -306,11 +317,13 @@ def gated_delta_recurrent_triton(
         aligned = xred_aligned(state, inter_state if save else None)
         xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, num_warps or 1, aligned) if xred is None
                      else bool(xred))
+        # a plain GDN window the one-warp kernel would prepare (TOKPREP, which runs with XRED): its own tile rules
+        prepped = bool(xr_narrow) and tokprep is not False and use_tokprep(kind, T, plain, 1)
         lanes = None
         if state_layout == "vk":
             if (key_lanes is None and value_tile is None and xred is None and state.stride(3) == 1
                     and state.dtype == torch.float32):
-                lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain, xr_narrow)
+                lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain, xr_narrow, prepped)
             elif key_lanes:
                 if xred:
                     raise ValueError(f"xred={xred} is a mode of the one-warp kernel; key_lanes={key_lanes} runs the lanes kernel")
@@ -322,9 +335,10 @@ def gated_delta_recurrent_triton(
                           K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
                           flags, T, kind, l2norm, plain, *lanes, num_stages=num_stages or 1)
             return o
-        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN, xr_narrow) if plain
+        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN, xr_narrow, prepped) if plain
                             else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        xr = use_xred(q.device, state_layout, state.stride(3), K, BV, num_warps or 1, aligned) if xred is None else int(xred)
+        xr = (use_xred(q.device, state_layout, state.stride(3), K, BV, num_warps or 1, aligned, prepped) if xred is None
+              else int(xred))
         if xr not in (0, 1, 2):
             raise ValueError(f"xred must be 0, 1 or 2, got {xred!r}")
         if xr and not xred_shape_ok(state_layout, state.stride(3), K, BV, num_warps or 1, aligned):
@@ -333,8 +347,12 @@ def gated_delta_recurrent_triton(
                              f"(state_layout={state_layout!r}, K={K}, value_tile={BV}, num_warps={num_warps or 1}, "
                              f"aligned={aligned})")
         seq = use_seq_key_sums(q.device, state_layout, state.stride(3), K, num_warps or 1, state)
+        tp = use_tokprep(kind, T, plain, xr) if tokprep is None else bool(tokprep)
+        if tp and not (plain and xr and kind == GATE_GDN and 2 <= T <= 10):
+            raise ValueError(f"tokprep=True: plain GDN windows of 2 to 10 tokens on the one-warp kernel with xred "
+                             f"(gate={gate!r}, T={T}, plain={plain}, xred={xr})")
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
-                                                             XRED=xr, SEQ=seq)
+                                                             XRED=xr, SEQ=seq, TOKPREP=tp)
         warps = num_warps or 1
     else:
         if xred:
@@ -364,6 +382,16 @@ def gated_delta_recurrent_triton(
         num_warps=warps,
     )
     return o
+
+
+def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
+    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window with a
+    per-head decay (GDN) of 2 to 10 tokens taking the reduce-scatter (``xred``) computes every token's norms, ``q.k``,
+    decay and beta before the state's chain instead of each program repeating them per token in it.
+    ``SGL_HYBRID_TOKPREP=0`` turns it off. Issue 4 (twenty-second round, docs/kernels.md)."""
+    if os.environ.get("SGL_HYBRID_TOKPREP", "1") == "0":
+        return False
+    return bool(plain and xred and gate_kind == GATE_GDN and 2 <= tokens <= 10)
 
 
 def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:
@@ -438,7 +466,7 @@ def use_seq_key_sums(device: torch.device, state_layout: str, key_stride: int, h
 
 
 def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int,
-             num_warps: int = 1, aligned: bool = True) -> int:
+             num_warps: int = 1, aligned: bool = True, prepped: bool = False) -> int:
     """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
     as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies after the in-order
     sums of ``SEQ``, which the kernel turns on with it): 1 (CUDA shuffles)
@@ -454,13 +482,14 @@ def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_di
     KDA decode B = 1 / 2 / 4 (4 columns) 2.55 / 2.93 / 3.69 -> 2.43 / 2.82 / 3.61; KDA T=4 plain verify B = 4 / 8
     4.79 / 6.71 -> 4.32 / 5.98, B = 1 / 2 (4 columns, :func:`pick_wide_tile`) 3.31 / 3.94 -> 3.06 / 3.53; KDA T=4
     snapshot windows B = 1 / 2 / 8 4.02 / 4.61 / 9.50 -> 3.84 / 4.40 / 9.28 (B = 4 / 16 +2 %); GDN decode within 1 %;
-    GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off.
+    GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off,
+    except for ``prepped`` windows (a plain GDN window that :func:`use_tokprep` would prepare, which needs ``XRED``).
     Issue 4."""
     if device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1" \
             or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps, aligned) \
             or device_platform(device).arch not in XRED_ARCHS:
         return 0
-    return int(value_tile < 16)
+    return int(value_tile < 16 or prepped)
 
 
 def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes: int) -> bool:
@@ -473,7 +502,7 @@ def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes:
 
 def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: int, tokens: int,
                     per_channel_decay: bool, tuning: Optional[ValueTileTuning] = None,
-                    plain: bool = True, xred: bool = False) -> Optional[Tuple[int, int]]:
+                    plain: bool = True, xred: bool = False, prepped: bool = False) -> Optional[Tuple[int, int]]:
     """``(value_tile, key_lanes)`` of the lanes kernel (``triton_lanes.py``) for a step on the
     V-major pool, or ``None`` for the one-warp kernel. Shapes outside the lanes kernel's contract
     (:func:`lanes_shape_ok`) always take that ordinary path.
@@ -502,6 +531,13 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     2026-12-02 (``2026-12-02-h200-verify_xred_tiles.json``), GDN T=5 B=1: lanes 8 x 8 5.41 us, one-warp ``XRED``
     at 4 columns 4.75; B=2: 6.68-6.90 vs 6.69 at 8 columns (kept on the lanes kernel).
 
+    ``prepped``: a plain GDN window the one-warp kernel would prepare (``TOKPREP``, :func:`use_tokprep`) takes the lanes
+    kernel only from ``tuning.lanes_prepped_per_cu`` (64) programs per compute unit at 16 columns (48 value heads:
+    B >= 22). H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_tiles.json``, docs/kernels.md twenty-second
+    round), GDN T=5, lanes -> one-warp prepared at its :func:`pick_wide_tile` tile, µs: B = 2 / 3 / 4 / 6 / 8 / 16
+    6.82 -> 6.19, 10.05 -> 8.41 (8 columns), 10.99 -> 9.77, 15.72 -> 12.92, 17.64 -> 16.12, 29.93 -> 28.42; B = 32
+    51.64 vs 51.76, B = 128 179.57 vs 194.57 (8 columns) / 189.18 (16).
+
     Decode (``tokens == 1`` plain) stays on the one-warp kernel: the lanes kernel was 10-60 % slower
     there at every batch (decode is at the state read + write floor already).
 
@@ -521,6 +557,9 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     if not lanes_shape_ok(head_k_dim, head_v_dim, bv, kl):
         return None
     per_cu = tuning.lanes_per_cu if plain else tuning.lanes_all_modes_per_cu
+    if plain and prepped and not per_channel_decay:
+        per_cu = tuning.lanes_prepped_per_cu
+        return (bv, kl) if batch * num_v_heads * triton.cdiv(head_v_dim, bv) >= per_cu * tuning.num_compute_units else None
     if batch * num_v_heads * triton.cdiv(head_v_dim, bv) >= per_cu * tuning.num_compute_units:
         return bv, kl
     narrow_per_cu = tuning.lanes_narrow_xred_per_cu if xred else tuning.lanes_narrow_per_cu
@@ -637,7 +676,7 @@ def use_wide_verify(batch: int, tokens: int, state_layout: str = "vk") -> bool:
 
 def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
                    tuning: Optional[ValueTileTuning] = None, tokens: int = 1, per_channel_decay: bool = False,
-                   xred: bool = False) -> int:
+                   xred: bool = False, prepped: bool = False) -> int:
     """Value columns per one-warp program of the verify kernel's ``PLAIN`` binary (V-major pool:
     SGLang's; K-major: fla's).
 
@@ -661,9 +700,27 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
       runs ``XRED``, :func:`use_xred`): the halving stops at 4 columns for KDA too. H200, 2026-12-02
       (``2026-12-02-h200-verify_xred_tiles.json``), KDA T=4 with ``XRED``, B = 1 / 2: 3.06 / 3.53 us at 4 columns
       vs 3.17 / 3.77 at 2.
+    * ``prepped`` (a plain GDN window whose per-head scalars the kernel computes first, ``TOKPREP``,
+      :func:`use_tokprep`): 4 or 8 columns, the narrower first, where that grid has at most ``tuning.prepped_per_cu``
+      (12) programs per compute unit; else 16 where the 16-column grid has ``tuning.prepped_wide_min_per_cu`` (9) to
+      12 per compute unit; else 8. A 16-column prepared program takes 168 registers on sm_90, so 12 of them fit
+      an SM: past one such wave, and well short of one, 8 columns win. Measured with 48 value heads only (B = 1 -> 4,
+      2 -> 8, 4 -> 16, the rest 8). H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_*.json``,
+      docs/kernels.md twenty-second round), GDN T=5, µs at 4 / 8 / 16 columns: B=1 4.38 / 4.55-4.56 / 5.94, B=2
+      6.63 / 6.12-6.19 / 6.89, B=3 8.87 / 8.41-8.47 / 8.75-8.91, B=4 10.65 / 10.52-10.61 / 9.40-9.77, B=5 - / 11.55-11.62
+      / 13.66, B=6 - / 12.92 / 14.81-14.91, B=8 18.51 / 16.12-16.68 / 16.72-17.32, B=16 - / 28.42-28.52 / 30.41-30.94.
     * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least (a row
       is then one 32-byte sector); not re-measured. H200: B=1 -> 8, B >= 32 -> 16."""
     tuning = tuning or INTERPRETER_TUNING
+    if prepped and tokens > 1 and state_layout == "vk":
+        cap = tuning.prepped_per_cu * tuning.num_compute_units
+        for bv in (4, 8):
+            if batch * num_v_heads * triton.cdiv(head_v_dim, bv) <= cap:
+                return min(bv, triton.next_power_of_2(head_v_dim))
+        wide = batch * num_v_heads * triton.cdiv(head_v_dim, 16)
+        if tuning.prepped_wide_min_per_cu * tuning.num_compute_units <= wide <= cap:
+            return min(16, triton.next_power_of_2(head_v_dim))
+        return min(8, triton.next_power_of_2(head_v_dim))
     if tokens == 1 and state_layout == "vk" and head_v_dim >= 4:
         narrow = batch * num_v_heads * triton.cdiv(head_v_dim, 4)
         if not per_channel_decay or narrow <= tuning.narrow_decode_per_cu * tuning.num_compute_units:

@@ -481,6 +481,184 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
         tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
 
 
+@triton.jit
+def _take_col(X, j: tl.constexpr):
+    """Column ``j`` of a ``[D, N]`` tile whose ``N`` (a power of two, at most 32) columns are in every thread:
+    ``[D, 1]``, by halving splits (register renaming, no arithmetic). Issue 4."""
+    D: tl.constexpr = X.shape[0]
+    N: tl.constexpr = X.shape[1]
+    if N >= 2:
+        a, b = tl.split(tl.reshape(X, [D, N // 2, 2]))
+        if (j & 1) != 0:
+            X = b
+        else:
+            X = a
+    if N >= 4:
+        a, b = tl.split(tl.reshape(X, [D, N // 4, 2]))
+        if (j & 2) != 0:
+            X = b
+        else:
+            X = a
+    if N >= 8:
+        a, b = tl.split(tl.reshape(X, [D, N // 8, 2]))
+        if (j & 4) != 0:
+            X = b
+        else:
+            X = a
+    if N >= 16:
+        a, b = tl.split(tl.reshape(X, [D, N // 16, 2]))
+        if (j & 8) != 0:
+            X = b
+        else:
+            X = a
+    if N >= 32:
+        a, b = tl.split(tl.reshape(X, [D, 1, 2]))
+        if (j & 16) != 0:
+            X = b
+        else:
+            X = a
+    return tl.reshape(X, [D, 1])
+
+
+@triton.jit
+def _scatter_col(lane, NS: tl.constexpr):
+    """The column of a ``[32, NS]`` tile whose sum :func:`_sums_scatter` leaves in each lane (``[32, 1]`` int32):
+    bit ``i`` of the column is the lane's bit ``16 >> i``. Issue 4."""
+    c = lane * 0
+    if NS > 1:
+        c += (lane >> 4) & 1
+    if NS > 2:
+        c += ((lane >> 3) & 1) << 1
+    if NS > 4:
+        c += ((lane >> 2) & 1) << 2
+    if NS > 8:
+        c += ((lane >> 1) & 1) << 3
+    if NS > 16:
+        c += (lane & 1) << 4
+    return c
+
+
+@triton.jit
+def _sums_scatter(Z, lane, XRED: tl.constexpr):
+    """Sums over the warp's lanes of every column of ``Z`` ``[32, NS]`` (``NS`` a power of two, 2 to 32), as one
+    reduce-scatter: lane masks 16, 8, 4, 2, 1 halve the columns while there are two or more (``NS - 1``
+    exchanges instead of ``5 NS``), plain all-reduce steps after that. Returns ``[32, 1]``: the sum of column
+    :func:`_scatter_col` in each lane. Issue 4."""
+    NS: tl.constexpr = Z.shape[1]
+    N16: tl.constexpr = NS
+    N8: tl.constexpr = NS // 2 if NS > 1 else 1
+    N4: tl.constexpr = NS // 4 if NS > 3 else 1
+    N2: tl.constexpr = NS // 8 if NS > 7 else 1
+    N1: tl.constexpr = NS // 16 if NS > 15 else 1
+    Z = _xred_level(Z, lane, N16, 16, XRED)
+    Z = _xred_level(Z, lane, N8, 8, XRED)
+    Z = _xred_level(Z, lane, N4, 4, XRED)
+    Z = _xred_level(Z, lane, N2, 2, XRED)
+    Z = _xred_level(Z, lane, N1, 1, XRED)
+    return Z
+
+
+@triton.jit
+def _key_bcast(e, BK: tl.constexpr):
+    """``[BK]`` in the state's key layout (``BK / 32`` keys per lane) holding lane ``l``'s value of ``e``
+    (``[32, 1]``) on that lane's keys (register copies). Issue 4."""
+    return tl.reshape(tl.broadcast_to(e, [32, BK // 32]), [BK])
+
+
+@triton.jit
+def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane, T: tl.constexpr, H: tl.constexpr,
+                        HV: tl.constexpr, K: tl.constexpr, o_k, m_k, BK: tl.constexpr, L2NORM: tl.constexpr,
+                        XRED: tl.constexpr):
+    """The per-head scalars of every token of a GDN window at once (``TOKPREP``), before the state's chain: the
+    norms' and ``q.k``'s key sums of all ``T`` tokens as one reduce-scatter (:func:`_sums_scatter`, ``3 T`` sums,
+    ``NS - 1`` shuffles) with one ``rsqrt`` per lane; the per-head gate and beta of token ``t`` computed in lane
+    ``t`` (one exponential chain for the window, not one per token); both broadcast back by ``shfl.idx``.
+    Returns ``(R, G, QT, KT)``: ``R [32, NS]`` with columns ``t`` / ``T + t`` / ``2 T + t`` = ``|q_t|^-1`` / ``|k_t|^-1``
+    / raw ``q_t.k_t`` (``1`` / ``1`` / ``q_t.k_t`` without ``L2NORM``), ``G [32, 2 TG]`` with columns ``t`` /
+    ``TG + t`` = the decay ``e^{g_t}`` / ``beta_t``, the same in every lane (take with :func:`_take_col`), and
+    ``QT``, ``KT`` ``[BK, TG]``: the raw FP32 q and k, token ``t`` in column ``t``, in the state's key layout
+    (every column in every thread, so taking one is register renaming). GDN per-head gate, ``2 <= T <= 10``.
+    Issue 4 (twenty-second round, docs/kernels.md)."""
+    tl.static_assert(T >= 2 and T <= 10, "TOKPREP: windows of 2 to 10 tokens")
+    R_: tl.constexpr = BK // 32
+    NS: tl.constexpr = 8 if 3 * T <= 8 else (16 if 3 * T <= 16 else 32)
+    TG: tl.constexpr = 2 if T <= 2 else (4 if T <= 4 else (8 if T <= 8 else 16))
+    col = tl.arange(0, NS)[None, :]
+    tcol = tl.arange(0, TG)[None, :]
+    Z = tl.zeros([32, NS], dtype=tl.float32)
+    QT = tl.zeros([BK, TG], dtype=tl.float32)
+    KT = tl.zeros([BK, TG], dtype=tl.float32)
+    for t in tl.static_range(T):
+        n = i_b * T + t
+        qr = tl.load(q_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        kr = tl.load(k_ptr + (n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        QT = tl.where(tcol == t, qr[:, None], QT)
+        KT = tl.where(tcol == t, kr[:, None], KT)
+        qa = tl.reshape(qr, [32, R_])
+        ka = tl.reshape(kr, [32, R_])
+        if L2NORM:
+            Z = tl.where(col == t, tl.sum(qa * qa, axis=1, keep_dims=True), Z)
+            Z = tl.where(col == T + t, tl.sum(ka * ka, axis=1, keep_dims=True), Z)
+        Z = tl.where(col == 2 * T + t, tl.sum(qa * ka, axis=1, keep_dims=True), Z)
+    Y = _sums_scatter(Z, lane, XRED)
+    if L2NORM:
+        norm = _scatter_col(lane, NS) < 2 * T
+        Y = tl.where(norm, tl.rsqrt(tl.where(norm, Y, 1.0) + 1e-6), Y)
+    else:
+        Y = tl.where(_scatter_col(lane, NS) < 2 * T, 1.0, Y)
+    j = tl.arange(0, NS)[None, :]
+    src = ((j & 1) << 4) | (((j >> 1) & 1) << 3) | (((j >> 2) & 1) << 2) | (((j >> 3) & 1) << 1) | ((j >> 4) & 1)
+    R = _lane_pick(tl.broadcast_to(Y, [32, NS]), src, XRED)
+    # the per-head gate and beta: token t's in lane t
+    mt = lane < T
+    fl = tl.load(f_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    bl = tl.load(b_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    dl = tl.exp(-A * _softplus(fl + dtb))
+    betal = 1.0 / (1.0 + tl.exp(-bl))
+    jg = tl.arange(0, 2 * TG)[None, :]
+    G = _lane_pick(tl.where(jg < TG, dl, betal), jg % TG, XRED)
+    return R, G, QT, KT
+
+
+@triton.jit
+def _verify_plain_prepped(S, p_s, v, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale, COMMIT,
+                          T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, o_k, o_v,
+                          m_k, m_v, m_kv, L2NORM: tl.constexpr, XRED: tl.constexpr, lane, m_vs, BK: tl.constexpr,
+                          BV: tl.constexpr):
+    """A plain GDN window (``PLAIN``, ``XRED``, ``TOKPREP``) with every token's norms, ``q.k``, decay and beta from
+    :func:`_verify_window_prep`, so each token's step is the state's work only: the decay, the raw ``k.S'`` and
+    ``q.S'`` as one reduce-scatter (:func:`_xred_pair`) scaled by ``|k|^-1`` / ``|q|^-1 scale`` in each lane's
+    column, the update with ``beta |k|^-1 k``, and ``o_t = q.S' + beta (q.k) err``. The same formulas as
+    :func:`_verify_per_token`, with the norms applied after the key sums and summed in another order, so the
+    outputs and the final state equal the per-token path's to FP32 rounding (a plain window is never replayed).
+    ``v``: token 0's value column; q and k come from the prep's register tiles, the next token's ``v`` is loaded
+    one token ahead. Issue 4 (twenty-second round)."""
+    TG: tl.constexpr = 2 if T <= 2 else (4 if T <= 4 else (8 if T <= 8 else 16))
+    R, G, QT, KT = _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane, T, H, HV, K, o_k, m_k,
+                                       BK, L2NORM, XRED)
+    for t in tl.static_range(T):
+        n = i_b * T + t
+        if t + 1 < T:
+            vn = tl.load(v_ptr + ((n + 1) * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        q = tl.reshape(_take_col(QT, t), [BK])
+        k = tl.reshape(_take_col(KT, t), [BK])
+        rq = _take_col(R, t) * scale
+        rk = _take_col(R, T + t)
+        d = _take_col(G, t)
+        beta = _take_col(G, TG + t)
+        bqk = beta * (_take_col(R, 2 * T + t) * rq * rk)
+        Sd = S * _key_bcast(d, BK)[:, None]
+        ks, qs = _xred_pair(Sd * k[:, None], Sd * q[:, None], lane, BK, BV, XRED)
+        err = v - ks * rk
+        S = Sd + _lane_scale(k, beta * rk, BK)[:, None] * _xred_bcast(err, lane, BK, BV, XRED)
+        o = qs * rq + bqk * err
+        tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_vs)
+        if t + 1 < T:
+            v = vn
+    if COMMIT:
+        tl.store(p_s, S.to(p_s.dtype.element_ty), mask=m_kv, cache_modifier=STATE_STORE_CACHE)
+
+
 @triton.jit(do_not_specialize=["r_slot", "flags"])
 def gated_delta_recurrent_kernel(
     q_ptr,  # [N, H, K]   N = B * T tokens, token-major
@@ -700,6 +878,7 @@ def gated_delta_verify_wide_kernel(
     FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
     XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.use_xred)
     SEQ: tl.constexpr = False,  # key sums via _key_sum's in-order view (recurrent.use_seq_key_sums; on wherever XRED is)
+    TOKPREP: tl.constexpr = False,  # plain GDN windows with XRED: per-head scalars of all tokens first (recurrent.use_tokprep)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -789,7 +968,12 @@ def gated_delta_verify_wide_kernel(
         # deferred commit of the previous window, fused: the slot holds its token-0 state
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
                             m_k, m_v, HV, K, V, GK, FAST, SEQK)
-    _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
-                      replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
-                      DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
-                      BV, XRED != 0 and not PLAIN, SEQK)
+    if TOKPREP:
+        tl.static_assert(PLAIN and XRED != 0 and GATE == 2 and T > 1, "TOKPREP: plain GDN windows with XRED")
+        _verify_plain_prepped(S, p_s, v0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale,
+                              COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, L2NORM, XRED, lane, m_vs, BK, BV)
+    else:
+        _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
+                          replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
+                          DEFERRED, COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, GATE, L2NORM, FAST, XRED, lane, m_vs, BK,
+                          BV, XRED != 0 and not PLAIN, SEQK)
