@@ -134,19 +134,42 @@ def _xred_level(Z, lane, n: tl.constexpr, m: tl.constexpr, XRED: tl.constexpr):
 
 
 @triton.jit
+def _lane_bits_col(lane, N: tl.constexpr, TOPB: tl.constexpr):
+    """``[32, 1]`` int32 ``0 .. N - 1`` (``N`` a power of two, at most 32): bit ``i`` is the lane's bit ``TOPB - i``,
+    the column a reduce-scatter whose first level is lane mask ``1 << TOPB`` leaves in each lane. Issue 4."""
+    c = lane * 0
+    if N > 1:
+        c += (lane >> TOPB) & 1
+    if N > 2:
+        c += ((lane >> (TOPB - 1)) & 1) << 1
+    if N > 4:
+        c += ((lane >> (TOPB - 2)) & 1) << 2
+    if N > 8:
+        c += ((lane >> (TOPB - 3)) & 1) << 3
+    if N > 16:
+        c += ((lane >> (TOPB - 4)) & 1) << 4
+    return c
+
+
+@triton.jit
+def _xred_levels_8421(Z, lane, XRED: tl.constexpr):
+    """Lane masks 8, 4, 2, 1 of a reduce-scatter on ``Z [32, N]`` (:func:`_xred_level`): each halves the columns
+    while there are two or more, then plain all-reduce steps. Issue 4."""
+    N: tl.constexpr = Z.shape[1]
+    N4: tl.constexpr = N // 2 if N > 1 else 1
+    N2: tl.constexpr = N // 4 if N > 3 else 1
+    N1: tl.constexpr = N // 8 if N > 7 else 1
+    Z = _xred_level(Z, lane, N, 8, XRED)
+    Z = _xred_level(Z, lane, N4, 4, XRED)
+    Z = _xred_level(Z, lane, N2, 2, XRED)
+    return _xred_level(Z, lane, N1, 1, XRED)
+
+
+@triton.jit
 def _xred_col(lane, BV: tl.constexpr):
     """The value column (``[32, 1]`` int32, ``0 .. BV - 1``) whose sums :func:`_xred_pair` leaves in each lane:
     bit ``i`` of the column is the lane's bit ``8 >> i`` (the reduce-scatter levels 8, 4, 2, 1). Issue 4."""
-    c = lane * 0
-    if BV > 1:
-        c += (lane >> 3) & 1
-    if BV > 2:
-        c += ((lane >> 2) & 1) << 1
-    if BV > 4:
-        c += ((lane >> 1) & 1) << 2
-    if BV > 8:
-        c += (lane & 1) << 3
-    return c
+    return _lane_bits_col(lane, BV, 3)
 
 
 @triton.jit
@@ -225,14 +248,7 @@ def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexp
     Py = _lane_key_sums(Y)
     up = (lane & 16) != 0
     Z = tl.where(up, Py, Px) + _lane_xor(tl.where(up, Px, Py), lane, 16, XRED)
-    N8: tl.constexpr = BV
-    N4: tl.constexpr = BV // 2 if BV > 1 else 1
-    N2: tl.constexpr = BV // 4 if BV > 3 else 1
-    N1: tl.constexpr = BV // 8 if BV > 7 else 1
-    Z = _xred_level(Z, lane, N8, 8, XRED)
-    Z = _xred_level(Z, lane, N4, 4, XRED)
-    Z = _xred_level(Z, lane, N2, 2, XRED)
-    Z = _xred_level(Z, lane, N1, 1, XRED)
+    Z = _xred_levels_8421(Z, lane, XRED)
     W = _lane_xor(Z, lane, 16, XRED)
     return tl.where(up, W, Z), tl.where(up, Z, W)
 
@@ -482,41 +498,32 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
 
 
 @triton.jit
+def _half_cols(X, D: tl.constexpr, odd: tl.constexpr):
+    """The even (or ``odd``) columns of a ``[D, N]`` tile whose columns are in every thread: ``[D, N / 2]`` by one
+    split (register renaming). Issue 4."""
+    a, b = tl.split(tl.reshape(X, [D, X.shape[1] // 2, 2]))
+    if odd:
+        return b
+    else:
+        return a
+
+
+@triton.jit
 def _take_col(X, j: tl.constexpr):
     """Column ``j`` of a ``[D, N]`` tile whose ``N`` (a power of two, at most 32) columns are in every thread:
-    ``[D, 1]``, by halving splits (register renaming, no arithmetic). Issue 4."""
+    ``[D, 1]``, by halving splits (:func:`_half_cols`, bit 0 of ``j`` first). Issue 4."""
     D: tl.constexpr = X.shape[0]
     N: tl.constexpr = X.shape[1]
     if N >= 2:
-        a, b = tl.split(tl.reshape(X, [D, N // 2, 2]))
-        if (j & 1) != 0:
-            X = b
-        else:
-            X = a
+        X = _half_cols(X, D, (j & 1) != 0)
     if N >= 4:
-        a, b = tl.split(tl.reshape(X, [D, N // 4, 2]))
-        if (j & 2) != 0:
-            X = b
-        else:
-            X = a
+        X = _half_cols(X, D, (j & 2) != 0)
     if N >= 8:
-        a, b = tl.split(tl.reshape(X, [D, N // 8, 2]))
-        if (j & 4) != 0:
-            X = b
-        else:
-            X = a
+        X = _half_cols(X, D, (j & 4) != 0)
     if N >= 16:
-        a, b = tl.split(tl.reshape(X, [D, N // 16, 2]))
-        if (j & 8) != 0:
-            X = b
-        else:
-            X = a
+        X = _half_cols(X, D, (j & 8) != 0)
     if N >= 32:
-        a, b = tl.split(tl.reshape(X, [D, 1, 2]))
-        if (j & 16) != 0:
-            X = b
-        else:
-            X = a
+        X = _half_cols(X, D, (j & 16) != 0)
     return tl.reshape(X, [D, 1])
 
 
@@ -524,18 +531,7 @@ def _take_col(X, j: tl.constexpr):
 def _scatter_col(lane, NS: tl.constexpr):
     """The column of a ``[32, NS]`` tile whose sum :func:`_sums_scatter` leaves in each lane (``[32, 1]`` int32):
     bit ``i`` of the column is the lane's bit ``16 >> i``. Issue 4."""
-    c = lane * 0
-    if NS > 1:
-        c += (lane >> 4) & 1
-    if NS > 2:
-        c += ((lane >> 3) & 1) << 1
-    if NS > 4:
-        c += ((lane >> 2) & 1) << 2
-    if NS > 8:
-        c += ((lane >> 1) & 1) << 3
-    if NS > 16:
-        c += (lane & 1) << 4
-    return c
+    return _lane_bits_col(lane, NS, 4)
 
 
 @triton.jit
@@ -544,18 +540,8 @@ def _sums_scatter(Z, lane, XRED: tl.constexpr):
     reduce-scatter: lane masks 16, 8, 4, 2, 1 halve the columns while there are two or more (``NS - 1``
     exchanges instead of ``5 NS``), plain all-reduce steps after that. Returns ``[32, 1]``: the sum of column
     :func:`_scatter_col` in each lane. Issue 4."""
-    NS: tl.constexpr = Z.shape[1]
-    N16: tl.constexpr = NS
-    N8: tl.constexpr = NS // 2 if NS > 1 else 1
-    N4: tl.constexpr = NS // 4 if NS > 3 else 1
-    N2: tl.constexpr = NS // 8 if NS > 7 else 1
-    N1: tl.constexpr = NS // 16 if NS > 15 else 1
-    Z = _xred_level(Z, lane, N16, 16, XRED)
-    Z = _xred_level(Z, lane, N8, 8, XRED)
-    Z = _xred_level(Z, lane, N4, 4, XRED)
-    Z = _xred_level(Z, lane, N2, 2, XRED)
-    Z = _xred_level(Z, lane, N1, 1, XRED)
-    return Z
+    Z = _xred_level(Z, lane, Z.shape[1], 16, XRED)
+    return _xred_levels_8421(Z, lane, XRED)
 
 
 @triton.jit
