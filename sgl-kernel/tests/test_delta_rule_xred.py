@@ -8,6 +8,7 @@ premise (dim 0 of every shuffled tile on the 32 lanes) is checked on the compile
 to ``tl.sum`` was measured on the H200 (``benchmark/results/2026-12-02-h200-*xred*.json``).
 """
 
+import ast
 import os
 import subprocess
 import sys
@@ -342,12 +343,11 @@ def test_window_scalars_first_compile_once_per_window():
     norms take one ``rsqrt`` and its gates and betas one set of exponentials, where the per-token binary takes
     two ``rsqrt`` and three exponentials per token (so 10 and 15 + 1 at T = 5). Compiled in a subprocess (this
     suite runs the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
-            "print([(len(re.findall(r'rsqrt\\.approx', p)), len(re.findall(r'ex2\\.approx', p))) for p in "
-            "(compiled_asm(n)['ptx'] for n in ('gdn_verify1w_t5_bv4_xred_tokprep', 'gdn_verify1w_t5_bv4_xred'))])")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    (rs_tp, ex_tp), (rs_tok, ex_tok) = eval(res.stdout.strip().splitlines()[-1])
+    from test_delta_rule_lanes import _run_compiled
+
+    out = _run_compiled("import re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
+                        "print([(len(re.findall(r'rsqrt\\.approx', p)), len(re.findall(r'ex2\\.approx', p))) for p in "
+                        "(compiled_asm(n)['ptx'] for n in ('gdn_verify1w_t5_bv4_xred_tokprep', 'gdn_verify1w_t5_bv4_xred'))])")
+    (rs_tp, ex_tp), (rs_tok, ex_tok) = ast.literal_eval(out.strip().splitlines()[-1])
     assert rs_tok == 10 and ex_tok == 16, (rs_tok, ex_tok)
     assert rs_tp == 1 and ex_tp == 4, (rs_tp, ex_tp)
