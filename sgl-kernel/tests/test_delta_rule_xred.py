@@ -247,29 +247,34 @@ def test_compiled_kernel_shuffles_on_the_lanes_and_fewer_times():
     assert int(nx) < 0.6 * int(n0), (nx, n0)
 
 
-@pytest.mark.parametrize("T,BV,V,K,l2norm", [(5, 4, 16, 128, True), (2, 8, 24, 96, True), (4, 2, 16, 128, False),
-                                             (9, 4, 8, 128, True)])
-def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(T, BV, V, K, l2norm):
-    """``tokprep`` (``triton_recurrent._verify_window_prep``): a plain GDN window whose per-head scalars -- every
-    token's norms and ``q.k`` as one reduce-scatter (16 sums at T = 5, 32 at T = 9), decays and betas one token per
-    lane -- are computed before the state's chain gives fla's naive recurrence's outputs and final state, and the
-    per-token chain's (``tokprep=False``) to FP32 rounding; padding rows write zeros, slots nobody names stay NaN,
-    masked columns (V = 24 at 8 columns) are not written. Without the L2 norm (inputs scaled so the recurrence
-    stays bounded) the oracle is the per-token chain."""
+@pytest.mark.parametrize("gate,T,BV,V,K,l2norm", [("gdn", 5, 4, 16, 128, True), ("gdn", 2, 8, 24, 96, True),
+                                                  ("gdn", 4, 2, 16, 128, False), ("gdn", 9, 4, 8, 128, True),
+                                                  ("kda", 4, 4, 16, 128, True), ("kda", 3, 8, 24, 96, True),
+                                                  ("kda_std", 4, 2, 16, 128, True), ("kda", 2, 16, 16, 128, False)])
+def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(gate, T, BV, V, K, l2norm):
+    """``tokprep`` (``triton_recurrent._verify_window_prep``): a plain window whose per-token scalars -- every
+    token's norms and ``q.k`` as one reduce-scatter (16 sums at T = 5, 32 at T = 9), betas (and GDN's per-head decays)
+    one token per lane, KDA's per-key decays as one ``[K, T]`` tile -- are computed before the state's chain gives
+    fla's naive recurrence's outputs and final state, and the per-token chain's (``tokprep=False``) to FP32 rounding;
+    padding rows write zeros, slots nobody names stay NaN, masked columns (V = 24 at 8 columns) are not written.
+    KDA with the bounded gate (``kda``, fla's ``naive_kda_lowerbound_gate``) and the standard one (``kda_std``, whose
+    oracle is the per-token chain). Without the L2 norm (inputs scaled so the recurrence stays bounded) the oracle
+    is the per-token chain."""
     gen = torch.Generator().manual_seed(23)
     B, H, HV = 3, 1, 3
-    w = list(_window(gen, B, T, H, HV, K, V, "gdn"))
+    w = list(_window(gen, B, T, H, HV, K, V, "gdn" if gate == "gdn" else "kda"))
     if not l2norm:
         w[0], w[1] = w[0] * 0.08, w[1] * 0.08
     pool = torch.randn(6, HV, V, K, generator=gen)
     pool[2] = NAN
     idx = torch.tensor([5, -1, 0])
+    lb = LB if gate == "kda" else None
     res = {}
     for tp in (True, False):
         p = pool.clone()
         o = torch.full_like(w[2], NAN)
-        gated_delta_recurrent_triton(*w, p, idx, T, "gdn", state_layout="vk", commit=True, wide=True, value_tile=BV, xred=2,
-                                     l2norm=l2norm, tokprep=tp, out=o)
+        gated_delta_recurrent_triton(*w, p, idx, T, "gdn" if gate == "gdn" else "kda", lb, state_layout="vk", commit=True,
+                                     wide=True, value_tile=BV, xred=2, l2norm=l2norm, tokprep=tp, out=o)
         res[tp] = (o, p)
     o, p = res[True]
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
@@ -277,31 +282,37 @@ def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(T, BV, V, 
     torch.testing.assert_close(o, res[False][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(p, res[False][1], rtol=1e-5, atol=1e-6, equal_nan=True)
     assert not torch.equal(o, res[False][0]) or not torch.equal(p, res[False][1])  # another path, not the same code
-    if not l2norm:
+    if not l2norm or gate == "kda_std":
         return
     for i, s in enumerate(idx.tolist()):
         if s < 0:
             continue
         sl = slice(i * T, (i + 1) * T)
-        ro, rS = _naive("gdn", w[0][sl], w[1][sl], w[2][sl], w[3][sl], w[4][sl], w[5], w[6], pool[s].transpose(-1, -2), HV // H)
+        ro, rS = _naive(gate, w[0][sl], w[1][sl], w[2][sl], w[3][sl], w[4][sl], w[5], w[6], pool[s].transpose(-1, -2), HV // H)
         torch.testing.assert_close(o[sl], ro[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(p[s].transpose(-1, -2), rS[0], rtol=1e-5, atol=1e-5)
 
 
 def test_window_scalars_first_rule_and_contract(monkeypatch):
-    """``recurrent.use_tokprep``: plain GDN windows of 2 to 10 tokens that take the reduce-scatter, not KDA (per-key
-    decays), decode, snapshot / deferred windows or butterflies; ``SGL_HYBRID_TOKPREP=0`` turns it off, and the
-    wrapper passes the answer as ``TOKPREP``. An explicit ``tokprep=True`` outside that contract is a
-    ``ValueError`` naming it."""
+    """``recurrent.use_tokprep``: plain windows (GDN and KDA) of 2 to 10 tokens that take the reduce-scatter, not
+    decode, snapshot / deferred windows or butterflies; ``SGL_HYBRID_TOKPREP=0`` turns it off,
+    ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only, and the wrapper passes the answer as ``TOKPREP``. Only GDN's
+    prepared windows take their own tile rules (KDA's keep :func:`pick_wide_tile`'s). An explicit ``tokprep=True``
+    outside that contract is a ``ValueError`` naming it."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     monkeypatch.delenv("SGL_HYBRID_TOKPREP", raising=False)
+    monkeypatch.delenv("SGL_HYBRID_TOKPREP_KDA", raising=False)
     use = rec.use_tokprep
     assert [use(GATE_GDN, t, True, 1) for t in (1, 2, 5, 10, 11)] == [False, True, True, True, False]
-    assert not use(GATE_KDA_SAFE, 5, True, 1) and not use(GATE_GDN, 5, False, 1) and not use(GATE_GDN, 5, True, 0)
+    assert [use(GATE_KDA_SAFE, t, True, 1) for t in (1, 4, 11)] == [False, True, False] and use(GATE_KDA, 4, True, 1)
+    assert not use(GATE_GDN, 5, False, 1) and not use(GATE_GDN, 5, True, 0) and not use(GATE_KDA_SAFE, 4, False, 1)
+    monkeypatch.setenv("SGL_HYBRID_TOKPREP_KDA", "0")
+    assert not use(GATE_KDA_SAFE, 4, True, 1) and not use(GATE_KDA, 4, True, 1) and use(GATE_GDN, 5, True, 1)
+    monkeypatch.delenv("SGL_HYBRID_TOKPREP_KDA")
     monkeypatch.setenv("SGL_HYBRID_TOKPREP", "0")
-    assert not use(GATE_GDN, 5, True, 1)
+    assert not use(GATE_GDN, 5, True, 1) and not use(GATE_KDA_SAFE, 4, True, 1)
     monkeypatch.delenv("SGL_HYBRID_TOKPREP")
 
     seen = []
@@ -327,10 +338,12 @@ def test_window_scalars_first_rule_and_contract(monkeypatch):
     inter = torch.zeros(6, 2, 16, 128)
     gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, wide=True,
                                  value_tile=4, xred=1, inter_state=inter, inter_indices=torch.arange(5))
-    assert seen == [(1, True), (0, False), (1, False)]
     wk = _window(gen, 1, 4, 1, 1, 128, 16, "kda")
+    gated_delta_recurrent_triton(*wk, torch.zeros(2, 1, 16, 128), torch.tensor([0]), 4, "kda", LB, state_layout="vk",
+                                 commit=False, wide=True, value_tile=4, xred=1)
+    assert seen == [(1, True), (0, False), (1, False), (1, True)]
     bad = [(w, 5, "gdn", dict(xred=0)), (w, 5, "gdn", dict(xred=1, inter_state=inter, inter_indices=torch.arange(5))),
-           (wk, 4, "kda", dict(xred=1))]
+           (wk, 4, "kda", dict(xred=0)), (_window(gen, 1, 11, 1, 1, 128, 16, "kda"), 11, "kda", dict(xred=1))]
     for ww, T, gate, kw in bad:
         with pytest.raises(ValueError, match="tokprep"):
             gated_delta_recurrent_triton(*ww, torch.zeros(2, ww[2].shape[1], 16, 128), torch.tensor([0]), T, gate,
@@ -351,3 +364,20 @@ def test_window_scalars_first_compile_once_per_window():
     (rs_tp, ex_tp), (rs_tok, ex_tok) = ast.literal_eval(out.strip().splitlines()[-1])
     assert rs_tok == 10 and ex_tok == 16, (rs_tok, ex_tok)
     assert rs_tp == 1 and ex_tp == 4, (rs_tp, ex_tp)
+
+
+def test_kda_window_scalars_first_take_the_norms_out_of_the_chain():
+    """KDA's ``TOKPREP`` binary as CUDA serves it (T=4, 4 columns, fix-up-free bounded gate, ``XRED``), from its sm_90
+    PTX: the window's 8 norms take one ``rsqrt`` (the per-token binary: 2 per token), and the warp exchanges drop from
+    116 to under 100 (the norms' and ``q.k``'s butterflies become one 16-column reduce-scatter); the per-key decays
+    stay 2 ``ex2`` per key and token plus one per beta, so the same MUFU work moves before the state's chain. Compiled in
+    a subprocess (this suite runs the interpreter)."""
+    from test_delta_rule_lanes import _run_compiled
+
+    out = _run_compiled("import re; from sgl_hybrid_kernel.compile_gate import compiled_asm; "
+                        "print([(len(re.findall(r'rsqrt\\.approx', p)), p.count('shfl.sync')) for p in "
+                        "(compiled_asm(n)['ptx'] for n in ('kda_verify1w_t4_bv4_fast_xred_tokprep', "
+                        "'kda_verify1w_t4_bv4_fast_xred'))])")
+    (rs_tp, sh_tp), (rs_tok, sh_tok) = ast.literal_eval(out.strip().splitlines()[-1])
+    assert rs_tok == 8 and rs_tp == 1, (rs_tok, rs_tp)
+    assert sh_tp < 100 < sh_tok, (sh_tp, sh_tok)

@@ -291,6 +291,12 @@ def kernel_configs() -> List[KernelConfig]:
             wide("gdn_verify1w_t5_bv8_xred_tokprep", 5, 8, GATE_GDN, gdn, vk, xred=1, tokprep=True),
             wide("gdn_verify1w_t5_bv2_xred_tokprep", 5, 2, GATE_GDN, gdn, vk, xred=1, tokprep=True),
             wide("gdn_verify1w_t5_bv16_xred_tokprep", 5, 16, GATE_GDN, gdn, vk, xred=1, tokprep=True),
+            # and KDA's (per-key decays as one [BK, TG] tile in the prep): 4 / 8 columns with the fix-up-free gate,
+            # the other XRED tiles without
+            wide("kda_verify1w_t4_bv4_fast_xred_tokprep", 4, 4, GATE_KDA_SAFE, kda, vk, fast=True, xred=1, tokprep=True),
+            wide("kda_verify1w_t4_bv8_fast_xred_tokprep", 4, 8, GATE_KDA_SAFE, kda, vk, fast=True, xred=1, tokprep=True),
+            wide("kda_verify1w_t4_bv2_xred_tokprep", 4, 2, GATE_KDA_SAFE, kda, vk, xred=1, tokprep=True),
+            wide("kda_verify1w_t4_bv16_xred_tokprep", 4, 16, GATE_KDA_SAFE, kda, vk, xred=1, tokprep=True),
             wide("kda_verify1w_t4_bv4_allmodes_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("kda_verify1w_t4_bv8_allmodes_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("gdn_verify1w_t5_bv4_allmodes_xred", 5, 4, GATE_GDN, gdn, vk, False, xred=1),

@@ -22,7 +22,7 @@ import triton
 
 from sgl_hybrid_kernel.delta_rule.chunk_parallel import device_chunk_launch
 from sgl_hybrid_kernel.delta_rule.recurrent import device_value_tile_tuning, lanes_pdl, use_tokprep
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN
+from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
 from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_v_first
 from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.platform import device_platform
@@ -76,7 +76,8 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
              "the warp (recurrent.use_xred; KDA plain verify then at 4 columns from B=1), and plain GDN verify windows of "
              f"2-10 tokens there with every token's norms, gates and betas computed before the state's chain (TOKPREP, "
              f"recurrent.use_tokprep: {use_tokprep(GATE_GDN, 5, True, 1)}) on the one-warp kernel at 4 / 8 / 16 columns "
-             f"below {tuning.lanes_prepped_per_cu} lanes programs per CU)")
+             f"below {tuning.lanes_prepped_per_cu} lanes programs per CU, and plain KDA windows there (per-key decays as "
+             f"one tile first, TOKPREP: {use_tokprep(GATE_KDA_SAFE, 4, True, 1)}) at their usual tiles)")
     record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}", log=logger)
     return "triton"
 

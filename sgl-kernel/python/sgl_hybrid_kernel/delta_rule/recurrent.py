@@ -221,9 +221,10 @@ def gated_delta_recurrent_triton(
             0: Triton's per-column butterflies). ``None``: :func:`use_xred`. Given (not ``None``), the one-warp
             kernel runs (not the lanes kernel); 1 or 2 need :func:`xred_shape_ok` and ``wide`` not ``False``
             (``ValueError`` otherwise).
-        tokprep: one-warp kernel, plain GDN window with ``xred``: every token's norms, ``q.k``, decay and beta
-            computed first, as one reduce-scatter and one lane per token (``triton_recurrent._verify_window_prep``),
-            then the state's chain. ``None``: :func:`use_tokprep`; ``True`` outside those windows: ``ValueError``.
+        tokprep: one-warp kernel, plain window with ``xred``: every token's norms, ``q.k``, decay and beta
+            computed first, as one reduce-scatter, one lane per token and (KDA) one tile of per-key decays
+            (``triton_recurrent._verify_window_prep``), then the state's chain. ``None``: :func:`use_tokprep`;
+            ``True`` outside those windows: ``ValueError``.
         out: optional ``[N, HV, V]`` output buffer.
         replay_buffer: deferred commit (seeds digest, item 12): FP32
             ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
@@ -318,7 +319,7 @@ def gated_delta_recurrent_triton(
         xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, num_warps or 1, aligned) if xred is None
                      else bool(xred))
         # a plain GDN window the one-warp kernel would prepare (TOKPREP, which runs with XRED): its own tile rules
-        prepped = bool(xr_narrow) and tokprep is not False and use_tokprep(kind, T, plain, 1)
+        prepped = bool(xr_narrow) and tokprep is not False and kind == GATE_GDN and use_tokprep(kind, T, plain, 1)
         lanes = None
         if state_layout == "vk":
             if (key_lanes is None and value_tile is None and xred is None and state.stride(3) == 1
@@ -348,8 +349,8 @@ def gated_delta_recurrent_triton(
                              f"aligned={aligned})")
         seq = use_seq_key_sums(q.device, state_layout, state.stride(3), K, num_warps or 1, state)
         tp = use_tokprep(kind, T, plain, xr) if tokprep is None else bool(tokprep)
-        if tp and not (plain and xr and kind == GATE_GDN and 2 <= T <= 10):
-            raise ValueError(f"tokprep=True: plain GDN windows of 2 to 10 tokens on the one-warp kernel with xred "
+        if tp and not (plain and xr and 2 <= T <= 10):
+            raise ValueError(f"tokprep=True: plain windows of 2 to 10 tokens on the one-warp kernel with xred "
                              f"(gate={gate!r}, T={T}, plain={plain}, xred={xr})")
         kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
                                                              XRED=xr, SEQ=seq, TOKPREP=tp)
@@ -385,13 +386,23 @@ def gated_delta_recurrent_triton(
 
 
 def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
-    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window with a
-    per-head decay (GDN) of 2 to 10 tokens taking the reduce-scatter (``xred``) computes every token's norms, ``q.k``,
-    decay and beta before the state's chain instead of each program repeating them per token in it.
-    ``SGL_HYBRID_TOKPREP=0`` turns it off. Issue 4 (twenty-second round, docs/kernels.md)."""
+    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window of 2 to 10
+    tokens taking the reduce-scatter (``xred``) computes every token's norms, ``q.k``, decay and beta before the state's
+    chain instead of each program repeating them per token in it: GDN's per-head decays one token per lane, KDA's
+    (either gate) per-key decays as one ``[K, T]`` tile. Only GDN's prepared windows take their own tile rules
+    (``prepped`` in :func:`pick_wide_tile` / :func:`pick_lanes_tile`); KDA's keep the plain rules.
+    ``SGL_HYBRID_TOKPREP=0`` turns it off, ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only.
+
+    KDA, H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_kda_*.json``, graph replay, states from HBM,
+    8ee1b9e's package in the same process; sm_90 T=4 4-column binary 1,224 -> 1,032 SASS instructions, 116 -> 87
+    shuffles): KDA T=4 B = 1 / 2 / 3 / 4 / 8: 3.10 / 3.60 / 4.22 / 4.44 / 6.36 -> 2.90 / 3.38 / 3.93 / 4.14 / 5.53 µs,
+    1.17 / 1.19 / 1.24 / 1.15 / 1.07x their decode (were 1.26 / 1.27 / 1.32 / 1.24 / 1.24x). Issue 4 (twenty-second
+    round, docs/kernels.md; KDA: twenty-third round)."""
     if os.environ.get("SGL_HYBRID_TOKPREP", "1") == "0":
         return False
-    return bool(plain and xred and gate_kind == GATE_GDN and 2 <= tokens <= 10)
+    if gate_kind != GATE_GDN and os.environ.get("SGL_HYBRID_TOKPREP_KDA", "1") == "0":
+        return False
+    return bool(plain and xred and 2 <= tokens <= 10)
 
 
 def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:

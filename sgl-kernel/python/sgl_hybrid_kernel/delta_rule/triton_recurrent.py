@@ -554,7 +554,7 @@ def _key_bcast(e, BK: tl.constexpr):
 @triton.jit
 def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane, T: tl.constexpr, H: tl.constexpr,
                         HV: tl.constexpr, K: tl.constexpr, o_k, m_k, BK: tl.constexpr, L2NORM: tl.constexpr,
-                        XRED: tl.constexpr):
+                        XRED: tl.constexpr, GATE: tl.constexpr = 2, lower_bound=0.0, FAST: tl.constexpr = False):
     """The per-head scalars of every token of a GDN window at once (``TOKPREP``), before the state's chain: the
     norms' and ``q.k``'s key sums of all ``T`` tokens as one reduce-scatter (:func:`_sums_scatter`, ``3 T`` sums,
     ``NS - 1`` shuffles) with one ``rsqrt`` per lane; the per-head gate and beta of token ``t`` computed in lane
@@ -563,8 +563,12 @@ def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane
     / raw ``q_t.k_t`` (``1`` / ``1`` / ``q_t.k_t`` without ``L2NORM``), ``G [32, 2 TG]`` with columns ``t`` /
     ``TG + t`` = the decay ``e^{g_t}`` / ``beta_t``, the same in every lane (take with :func:`_take_col`), and
     ``QT``, ``KT`` ``[BK, TG]``: the raw FP32 q and k, token ``t`` in column ``t``, in the state's key layout
-    (every column in every thread, so taking one is register renaming). GDN per-head gate, ``2 <= T <= 10``.
-    Issue 4 (twenty-second round, docs/kernels.md)."""
+    (every column in every thread, so taking one is register renaming). ``2 <= T <= 10``.
+
+    With a per-channel gate (KDA, ``GATE`` 0 or 1) ``G`` is ``[32, TG]``, beta only (column ``t``), and a fifth
+    tile ``DT`` ``[BK, TG]`` holds every token's per-key decays ``e^{g_t}`` in the state's key layout (the same
+    formulas as :func:`_verify_per_token`, ``FAST`` included); with GDN's per-head gate ``DT`` is ``KT`` (unused).
+    Issue 4 (twenty-second round, docs/kernels.md; KDA: twenty-third round)."""
     tl.static_assert(T >= 2 and T <= 10, "TOKPREP: windows of 2 to 10 tokens")
     R_: tl.constexpr = BK // 32
     NS: tl.constexpr = 8 if 3 * T <= 8 else (16 if 3 * T <= 16 else 32)
@@ -595,22 +599,42 @@ def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane
     j = tl.arange(0, NS)[None, :]
     src = ((j & 1) << 4) | (((j >> 1) & 1) << 3) | (((j >> 2) & 1) << 2) | (((j >> 3) & 1) << 1) | ((j >> 4) & 1)
     R = _lane_pick(tl.broadcast_to(Y, [32, NS]), src, XRED)
-    # the per-head gate and beta: token t's in lane t
+    # beta (and GDN's per-head decay): token t's in lane t
     mt = lane < T
-    fl = tl.load(f_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
     bl = tl.load(b_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
-    dl = tl.exp(-A * _softplus(fl + dtb))
-    betal = 1.0 / (1.0 + tl.exp(-bl))
-    jg = tl.arange(0, 2 * TG)[None, :]
-    G = _lane_pick(tl.where(jg < TG, dl, betal), jg % TG, XRED)
-    return R, G, QT, KT
+    if FAST:
+        betal = _frcp(1.0 + _fexp(-bl, FAST), FAST)
+    else:
+        betal = 1.0 / (1.0 + tl.exp(-bl))
+    if GATE == 2:
+        fl = tl.load(f_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+        dl = tl.exp(-A * _softplus(fl + dtb))
+        jg = tl.arange(0, 2 * TG)[None, :]
+        G = _lane_pick(tl.where(jg < TG, dl, betal), jg % TG, XRED)
+        DT = KT
+    else:
+        # KDA: every token's per-key decays as one [BK, TG] tile (no dependence on the state)
+        FT = tl.zeros([BK, TG], dtype=tl.float32)
+        for t in tl.static_range(T):
+            fr = tl.load(f_ptr + ((i_b * T + t) * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            FT = tl.where(tcol == t, fr[:, None], FT)
+        x = FT + dtb[:, None]
+        if FAST:
+            tl.static_assert(GATE == 1, "FAST: the bounded KDA gate")
+            DT = _fexp(lower_bound * _frcp(1.0 + _fexp(-A * x, FAST), FAST), FAST)
+        elif GATE == 1:
+            DT = tl.exp(lower_bound / (1.0 + tl.exp(-A * x)))
+        else:
+            DT = tl.exp(-A * _softplus(x))
+        G = _lane_pick(tl.broadcast_to(betal, [32, TG]), tl.arange(0, TG)[None, :], XRED)
+    return R, G, QT, KT, DT
 
 
 @triton.jit
 def _verify_plain_prepped(S, p_s, v, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale, COMMIT,
                           T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, o_k, o_v,
                           m_k, m_v, m_kv, L2NORM: tl.constexpr, XRED: tl.constexpr, lane, m_vs, BK: tl.constexpr,
-                          BV: tl.constexpr):
+                          BV: tl.constexpr, GATE: tl.constexpr = 2, lower_bound=0.0, FAST: tl.constexpr = False):
     """A plain GDN window (``PLAIN``, ``XRED``, ``TOKPREP``) with every token's norms, ``q.k``, decay and beta from
     :func:`_verify_window_prep`, so each token's step is the state's work only: the decay, the raw ``k.S'`` and
     ``q.S'`` as one reduce-scatter (:func:`_xred_pair`) scaled by ``|k|^-1`` / ``|q|^-1 scale`` in each lane's
@@ -618,10 +642,11 @@ def _verify_plain_prepped(S, p_s, v, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i
     :func:`_verify_per_token`, with the norms applied after the key sums and summed in another order, so the
     outputs and the final state equal the per-token path's to FP32 rounding (a plain window is never replayed).
     ``v``: token 0's value column; q and k come from the prep's register tiles, the next token's ``v`` is loaded
-    one token ahead. Issue 4 (twenty-second round)."""
+    one token ahead. A per-channel gate (KDA, ``GATE`` 0 / 1) decays by the prep's ``DT`` column of the token.
+    Issue 4 (twenty-second round; KDA: twenty-third round)."""
     TG: tl.constexpr = 2 if T <= 2 else (4 if T <= 4 else (8 if T <= 8 else 16))
-    R, G, QT, KT = _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane, T, H, HV, K, o_k, m_k,
-                                       BK, L2NORM, XRED)
+    R, G, QT, KT, DT = _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane, T, H, HV, K, o_k,
+                                           m_k, BK, L2NORM, XRED, GATE, lower_bound, FAST)
     for t in tl.static_range(T):
         n = i_b * T + t
         if t + 1 < T:
@@ -630,10 +655,13 @@ def _verify_plain_prepped(S, p_s, v, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i
         k = tl.reshape(_take_col(KT, t), [BK])
         rq = _take_col(R, t) * scale
         rk = _take_col(R, T + t)
-        d = _take_col(G, t)
-        beta = _take_col(G, TG + t)
+        if GATE == 2:
+            beta = _take_col(G, TG + t)
+            Sd = S * _key_bcast(_take_col(G, t), BK)[:, None]
+        else:
+            beta = _take_col(G, t)
+            Sd = S * tl.reshape(_take_col(DT, t), [BK])[:, None]
         bqk = beta * (_take_col(R, 2 * T + t) * rq * rk)
-        Sd = S * _key_bcast(d, BK)[:, None]
         ks, qs = _xred_pair(Sd * k[:, None], Sd * q[:, None], lane, BK, BV, XRED)
         err = v - ks * rk
         S = Sd + _lane_scale(k, beta * rk, BK)[:, None] * _xred_bcast(err, lane, BK, BV, XRED)
@@ -864,7 +892,7 @@ def gated_delta_verify_wide_kernel(
     FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
     XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.use_xred)
     SEQ: tl.constexpr = False,  # key sums via _key_sum's in-order view (recurrent.use_seq_key_sums; on wherever XRED is)
-    TOKPREP: tl.constexpr = False,  # plain GDN windows with XRED: per-head scalars of all tokens first (recurrent.use_tokprep)
+    TOKPREP: tl.constexpr = False,  # plain windows with XRED: every token's norms, gates, betas first (recurrent.use_tokprep)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -955,9 +983,10 @@ def gated_delta_verify_wide_kernel(
         S = _replay_records(S, replay_prev_ptr + slot * r_slot, tl.load(accept_prev_ptr + i_b).to(tl.int32), i_hv, o_k, o_v,
                             m_k, m_v, HV, K, V, GK, FAST, SEQK)
     if TOKPREP:
-        tl.static_assert(PLAIN and XRED != 0 and GATE == 2 and T > 1, "TOKPREP: plain GDN windows with XRED")
+        tl.static_assert(PLAIN and XRED != 0 and T > 1, "TOKPREP: plain windows with XRED")
         _verify_plain_prepped(S, p_s, v0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i_b, i_h, i_hv, A, dtb, scale,
-                              COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, L2NORM, XRED, lane, m_vs, BK, BV)
+                              COMMIT, T, H, HV, K, V, o_k, o_vt, m_k, m_vt, m_kv, L2NORM, XRED, lane, m_vs, BK, BV, GATE,
+                              lower_bound, FAST)
     else:
         _verify_per_token(S, p_s, q0, k0, v0, f0, b0, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, inter_ptr, inter_idx_ptr,
                           replay_ptr + slot * r_slot, i_b, i_h, i_hv, i_v, A, dtb, scale, lower_bound, is_slot, off, SAVE_INTER,
