@@ -296,9 +296,9 @@ def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(gate, T, B
 def test_window_scalars_first_rule_and_contract(monkeypatch):
     """``recurrent.use_tokprep``: plain windows (GDN and KDA) of 2 to 10 tokens that take the reduce-scatter, not
     decode, snapshot / deferred windows or butterflies; ``SGL_HYBRID_TOKPREP=0`` turns it off,
-    ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only, and the wrapper passes the answer as ``TOKPREP``. Only GDN's
-    prepared windows take their own tile rules (KDA's keep :func:`pick_wide_tile`'s). An explicit ``tokprep=True``
-    outside that contract is a ``ValueError`` naming it."""
+    ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only, and the wrapper passes the answer as ``TOKPREP``. Prepared windows
+    take their own tile rules (:func:`pick_wide_tile`, never the lanes kernel). An explicit ``tokprep=True`` outside
+    that contract is a ``ValueError`` naming it."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
     from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -321,12 +321,19 @@ def test_window_scalars_first_rule_and_contract(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kw: seen.append((kw["XRED"], kw["TOKPREP"]))
 
-    # the tiles of prepared windows (48 value heads, the H200's table): 4 columns at B=1, 8 at B=2, 16 at B=4 (the one
-    # batch whose 16-column grid is 9-12 programs per SM), 8 otherwise; the lanes kernel from 64 programs per SM
-    tiles = [rec.pick_wide_tile(b, 48, 128, tokens=5, xred=True, prepped=True) for b in (1, 2, 3, 4, 5, 8, 21)]
-    assert tiles == [4, 8, 8, 16, 8, 8, 8], tiles
-    assert [rec.pick_lanes_tile(b, 48, 128, 128, 5, False, xred=True, prepped=True) for b in (2, 21, 22)] == [None, None, (16, 8)]
+    # the tiles of prepared windows (the H200's table). GDN, 48 value heads: 4 columns at B=1, 8 at B=2, 16 at B=4 (the
+    # one batch whose 16-column grid is 9-12 programs per SM) and from B=44 (>= 128 per SM), 8 otherwise. KDA, 12 heads:
+    # 4 columns to B=4, then 8 (never 16). Neither takes the lanes kernel.
+    tiles = [rec.pick_wide_tile(b, 48, 128, tokens=5, xred=True, prepped=True) for b in (1, 2, 3, 4, 5, 8, 21, 43, 44, 128)]
+    assert tiles == [4, 8, 8, 16, 8, 8, 8, 8, 16, 16], tiles
+    tiles = [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True, prepped=True)
+             for b in (1, 4, 5, 16, 160)]
+    assert tiles == [4, 4, 8, 8, 8], tiles
+    for kda in (False, True):
+        assert [rec.pick_lanes_tile(b, 12 if kda else 48, 128, 128, 5, kda, xred=True, prepped=True)
+                for b in (2, 22, 160)] == [None] * 3
     assert rec.pick_lanes_tile(2, 48, 128, 128, 5, False, xred=True) == (8, 8)  # without TOKPREP, as before
+    assert rec.pick_lanes_tile(16, 12, 128, 128, 4, True, xred=True) == (16, 8)
 
     monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
     gen = torch.Generator().manual_seed(5)

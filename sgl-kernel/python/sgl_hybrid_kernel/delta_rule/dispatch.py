@@ -75,9 +75,9 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
              "one-warp tiles under 16 columns of the V-major pool: each token's key sums as one reduce-scatter across "
              "the warp (recurrent.use_xred; KDA plain verify then at 4 columns from B=1), and plain GDN verify windows of "
              f"2-10 tokens there with every token's norms, gates and betas computed before the state's chain (TOKPREP, "
-             f"recurrent.use_tokprep: {use_tokprep(GATE_GDN, 5, True, 1)}) on the one-warp kernel at 4 / 8 / 16 columns "
-             f"below {tuning.lanes_prepped_per_cu} lanes programs per CU, and plain KDA windows there (per-key decays as "
-             f"one tile first, TOKPREP: {use_tokprep(GATE_KDA_SAFE, 4, True, 1)}) at their usual tiles)")
+             f"recurrent.use_tokprep: {use_tokprep(GATE_GDN, 5, True, 1)}) at 4 / 8 / 16 columns, and plain KDA windows there "
+             f"(per-key decays as one tile first, TOKPREP: {use_tokprep(GATE_KDA_SAFE, 4, True, 1)}) at 4 / 8 columns, "
+             f"on the one-warp kernel at every batch)")
     record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}", log=logger)
     return "triton"
 

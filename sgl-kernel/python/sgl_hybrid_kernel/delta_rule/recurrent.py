@@ -40,10 +40,10 @@ class ValueTileTuning:
     per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``; GDN's plain verify windows
     below ``lanes_per_cu`` take it at 8 columns from ``lanes_narrow_per_cu`` programs per compute unit at
     8 columns, or from ``lanes_narrow_xred_per_cu`` where the one-warp kernel runs ``XRED`` (:func:`use_xred`).
-    Plain GDN windows that the one-warp kernel prepares (``TOKPREP``, :func:`use_tokprep`) take 4 or 8 columns where
-    that grid has at most ``prepped_per_cu`` programs per compute unit, 16 where it has ``prepped_wide_min_per_cu``
-    to ``prepped_per_cu``, else 8 columns, and the lanes kernel from ``lanes_prepped_per_cu`` programs per compute
-    unit at 16 columns.
+    Plain windows that the one-warp kernel prepares (``TOKPREP``, :func:`use_tokprep`) take 4 or 8 columns where
+    that grid has at most ``prepped_per_cu`` programs per compute unit, else 8 columns; GDN's take 16 where the
+    16-column grid has ``prepped_wide_min_per_cu`` to ``prepped_per_cu`` or at least ``prepped_wide_large_per_cu``
+    programs per compute unit; none takes the lanes kernel.
     ``tuned`` is False
     for the default built for a device no sweep has measured.
     """
@@ -61,7 +61,7 @@ class ValueTileTuning:
     lanes_narrow_xred_per_cu: int = 8
     prepped_per_cu: int = 12
     prepped_wide_min_per_cu: int = 9
-    lanes_prepped_per_cu: int = 64
+    prepped_wide_large_per_cu: int = 128
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
@@ -318,8 +318,8 @@ def gated_delta_recurrent_triton(
         aligned = xred_aligned(state, inter_state if save else None)
         xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, num_warps or 1, aligned) if xred is None
                      else bool(xred))
-        # a plain GDN window the one-warp kernel would prepare (TOKPREP, which runs with XRED): its own tile rules
-        prepped = bool(xr_narrow) and tokprep is not False and kind == GATE_GDN and use_tokprep(kind, T, plain, 1)
+        # a plain window the one-warp kernel would prepare (TOKPREP, which runs with XRED): its own tile rules
+        prepped = bool(xr_narrow) and tokprep is not False and use_tokprep(kind, T, plain, 1)
         lanes = None
         if state_layout == "vk":
             if (key_lanes is None and value_tile is None and xred is None and state.stride(3) == 1
@@ -494,7 +494,7 @@ def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_di
     4.79 / 6.71 -> 4.32 / 5.98, B = 1 / 2 (4 columns, :func:`pick_wide_tile`) 3.31 / 3.94 -> 3.06 / 3.53; KDA T=4
     snapshot windows B = 1 / 2 / 8 4.02 / 4.61 / 9.50 -> 3.84 / 4.40 / 9.28 (B = 4 / 16 +2 %); GDN decode within 1 %;
     GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off,
-    except for ``prepped`` windows (a plain GDN window that :func:`use_tokprep` would prepare, which needs ``XRED``).
+    except for ``prepped`` windows (a plain window that :func:`use_tokprep` would prepare, which needs ``XRED``).
     Issue 4."""
     if device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1" \
             or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps, aligned) \
@@ -542,12 +542,15 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     2026-12-02 (``2026-12-02-h200-verify_xred_tiles.json``), GDN T=5 B=1: lanes 8 x 8 5.41 us, one-warp ``XRED``
     at 4 columns 4.75; B=2: 6.68-6.90 vs 6.69 at 8 columns (kept on the lanes kernel).
 
-    ``prepped``: a plain GDN window the one-warp kernel would prepare (``TOKPREP``, :func:`use_tokprep`) takes the lanes
-    kernel only from ``tuning.lanes_prepped_per_cu`` (64) programs per compute unit at 16 columns (48 value heads:
-    B >= 22). H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_tiles.json``, docs/kernels.md twenty-second
-    round), GDN T=5, lanes -> one-warp prepared at its :func:`pick_wide_tile` tile, µs: B = 2 / 3 / 4 / 6 / 8 / 16
-    6.82 -> 6.19, 10.05 -> 8.41 (8 columns), 10.99 -> 9.77, 15.72 -> 12.92, 17.64 -> 16.12, 29.93 -> 28.42; B = 32
-    51.64 vs 51.76, B = 128 179.57 vs 194.57 (8 columns) / 189.18 (16).
+    ``prepped``: a plain window the one-warp kernel would prepare (``TOKPREP``, :func:`use_tokprep`), either gate, never
+    takes the lanes kernel: the prepared one-warp kernel (since its first-level reduce-scatter without selects) was
+    faster at every batch timed. H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_prepped_lanes*.json``,
+    ``..._verify_swap_tiles.json``, docs/kernels.md twenty-third round), lanes -> one-warp prepared at its
+    :func:`pick_wide_tile` tile, µs: KDA T=4 B = 12 / 16 / 24 / 32 / 64 / 128 / 160 8.57 / 9.46 / 13.99 / 15.76 / 27.08 /
+    46.88 / 56.41 -> 7.07 / 9.15 / 11.13 / 13.69 / 22.66 / 41.11 / 50.72 (8 columns); GDN T=5 B = 24 / 32 / 64 / 96 / 128 /
+    160 40.42 / 51.38 / 91.51 / 129.42 / 179.01 / 232.40 -> 36.78 / 47.61 (8 columns) / 88.09 / 129.42 / 168.03 / 211.21
+    (16 columns). (Before it, twenty-second round: GDN T=5 B = 2 / 3 / 4 / 6 / 8 / 16 6.82 -> 6.19, 10.05 -> 8.41,
+    10.99 -> 9.77, 15.72 -> 12.92, 17.64 -> 16.12, 29.93 -> 28.42 µs on the one-warp kernel.)
 
     Decode (``tokens == 1`` plain) stays on the one-warp kernel: the lanes kernel was 10-60 % slower
     there at every batch (decode is at the state read + write floor already).
@@ -568,9 +571,8 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     if not lanes_shape_ok(head_k_dim, head_v_dim, bv, kl):
         return None
     per_cu = tuning.lanes_per_cu if plain else tuning.lanes_all_modes_per_cu
-    if plain and prepped and not per_channel_decay:
-        per_cu = tuning.lanes_prepped_per_cu
-        return (bv, kl) if batch * num_v_heads * triton.cdiv(head_v_dim, bv) >= per_cu * tuning.num_compute_units else None
+    if plain and prepped:
+        return None
     if batch * num_v_heads * triton.cdiv(head_v_dim, bv) >= per_cu * tuning.num_compute_units:
         return bv, kl
     narrow_per_cu = tuning.lanes_narrow_xred_per_cu if xred else tuning.lanes_narrow_per_cu
@@ -711,15 +713,21 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
       runs ``XRED``, :func:`use_xred`): the halving stops at 4 columns for KDA too. H200, 2026-12-02
       (``2026-12-02-h200-verify_xred_tiles.json``), KDA T=4 with ``XRED``, B = 1 / 2: 3.06 / 3.53 us at 4 columns
       vs 3.17 / 3.77 at 2.
-    * ``prepped`` (a plain GDN window whose per-head scalars the kernel computes first, ``TOKPREP``,
+    * ``prepped`` (a plain window whose per-token scalars the kernel computes first, ``TOKPREP``,
       :func:`use_tokprep`): 4 or 8 columns, the narrower first, where that grid has at most ``tuning.prepped_per_cu``
-      (12) programs per compute unit; else 16 where the 16-column grid has ``tuning.prepped_wide_min_per_cu`` (9) to
-      12 per compute unit; else 8. A 16-column prepared program takes 168 registers on sm_90, so 12 of them fit
-      an SM: past one such wave, and well short of one, 8 columns win. Measured with 48 value heads only (B = 1 -> 4,
-      2 -> 8, 4 -> 16, the rest 8). H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_*.json``,
-      docs/kernels.md twenty-second round), GDN T=5, µs at 4 / 8 / 16 columns: B=1 4.38 / 4.55-4.56 / 5.94, B=2
-      6.63 / 6.12-6.19 / 6.89, B=3 8.87 / 8.41-8.47 / 8.75-8.91, B=4 10.65 / 10.52-10.61 / 9.40-9.77, B=5 - / 11.55-11.62
-      / 13.66, B=6 - / 12.92 / 14.81-14.91, B=8 18.51 / 16.12-16.68 / 16.72-17.32, B=16 - / 28.42-28.52 / 30.41-30.94.
+      (12) programs per compute unit; else, with a per-head gate (GDN), 16 where the 16-column grid has
+      ``tuning.prepped_wide_min_per_cu`` (9) to 12 or at least ``tuning.prepped_wide_large_per_cu`` (128) programs per
+      compute unit; else 8. A 16-column prepared GDN program takes 146 registers on sm_90 (14 fit an SM): around one
+      such wave, and from many waves on, 16 columns win; KDA's 16-column prepared programs (per-key decays, no
+      fix-up-free gate there) were slower than 8 at every batch. Measured with 48 GDN value heads (B = 1 -> 4,
+      2 -> 8, 4 -> 16, 5-43 -> 8, from 44 -> 16) and 12 KDA heads (B = 1-4 -> 4, from 5 -> 8). H200, Triton 3.8,
+      2026-12-02 (``2026-12-02-h200-verify_tokprep_*.json``, docs/kernels.md twenty-second round), GDN T=5, µs at 4 / 8 /
+      16 columns: B=1 4.38 / 4.55-4.56 / 5.94, B=2 6.63 / 6.12-6.19 / 6.89, B=3 8.87 / 8.41-8.47 / 8.75-8.91, B=4 10.65 /
+      10.52-10.61 / 9.40-9.77, B=5 - / 11.55-11.62 / 13.66, B=6 - / 12.92 / 14.81-14.91, B=8 18.51 / 16.12-16.68 /
+      16.72-17.32, B=16 - / 28.42-28.52 / 30.41-30.94; twenty-third round (``..._verify_swap_tiles.json``,
+      ``..._verify_prepped_lanes*.json``), at 8 / 16 columns: GDN B = 32 / 48 / 64 / 128 / 160 47.61 / 69.42 / 91.46 /
+      183.68 / 228.14 vs 49.00 / 68.88 / 88.09 / 168.03 / 211.21; KDA T=4 at 4 / 8 columns B = 4 / 6 / 8 4.06 / 5.02 / 5.77
+      vs 4.13 / 5.01 / 5.33, 8 / 16 columns B = 16 / 64 / 160 9.16 / 22.64 / 50.83 vs 11.19 / 30.75 / 67.64.
     * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least (a row
       is then one 32-byte sector); not re-measured. H200: B=1 -> 8, B >= 32 -> 16."""
     tuning = tuning or INTERPRETER_TUNING
@@ -729,7 +737,8 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
             if batch * num_v_heads * triton.cdiv(head_v_dim, bv) <= cap:
                 return min(bv, triton.next_power_of_2(head_v_dim))
         wide = batch * num_v_heads * triton.cdiv(head_v_dim, 16)
-        if tuning.prepped_wide_min_per_cu * tuning.num_compute_units <= wide <= cap:
+        if not per_channel_decay and (tuning.prepped_wide_min_per_cu * tuning.num_compute_units <= wide <= cap
+                                      or wide >= tuning.prepped_wide_large_per_cu * tuning.num_compute_units):
             return min(16, triton.next_power_of_2(head_v_dim))
         return min(8, triton.next_power_of_2(head_v_dim))
     if tokens == 1 and state_layout == "vk" and head_v_dim >= 4:
