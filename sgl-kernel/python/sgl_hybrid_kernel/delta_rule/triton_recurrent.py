@@ -655,9 +655,9 @@ def _verify_plain_prepped(S, p_s, v, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i
     outputs and the final state equal the per-token path's to FP32 rounding (a plain window is never replayed).
     ``v``: token 0's value column; q and k come from the prep's register tiles, the next token's ``v`` is loaded
     one token ahead. A per-channel gate (KDA, ``GATE`` 0 / 1) decays by the prep's ``DT`` column of the token. The
-    products' q and k trade places on the lanes with bit 16 set (:func:`_xred_pair_swapped`: the reduce-scatter's
-    first level without selects; the same bits, sm_90 T=5 8-column binary 1,664 -> 1,616 instructions, 16 columns
-    168 -> 146 registers).
+    products' q and k trade places on the lanes with bit 16 set from 4 columns (:func:`_xred_pair_swapped`: the
+    reduce-scatter's first level without selects; the same bits, sm_90 T=5 8-column binary 1,664 -> 1,616 instructions,
+    16 columns 168 -> 146 registers; at 2 columns the swapped tiles would go through shared memory).
     Issue 4 (twenty-second round; KDA: twenty-third round)."""
     TG: tl.constexpr = 2 if T <= 2 else (4 if T <= 4 else (8 if T <= 8 else 16))
     R, G, QT, KT, DT = _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane, T, H, HV, K, o_k,
@@ -678,8 +678,12 @@ def _verify_plain_prepped(S, p_s, v, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, o_ptr, i
             beta = _take_col(G, t)
             Sd = S * tl.reshape(_take_col(DT, t), [BK])[:, None]
         bqk = beta * (_take_col(R, 2 * T + t) * rq * rk)
-        ks, qs = _xred_pair_swapped(Sd * tl.where(swap, q, k)[:, None], Sd * tl.where(swap, k, q)[:, None], lane, XRED)
-        err = v - ks * rk  # valid in the lanes with bit 16 clear, the only ones read (bcast) or stored
+        if BV >= 4:
+            ks, qs = _xred_pair_swapped(Sd * tl.where(swap, q, k)[:, None], Sd * tl.where(swap, k, q)[:, None], lane,
+                                        XRED)
+        else:  # 2 columns: the swapped products' tiles would convert layouts through shared memory
+            ks, qs = _xred_pair(Sd * k[:, None], Sd * q[:, None], lane, BK, BV, XRED)
+        err = v - ks * rk  # valid (at least) in the lanes with bit 16 clear, the only ones read (bcast) or stored
         S = Sd + _lane_scale(k, beta * rk, BK)[:, None] * _xred_bcast(err, lane, BK, BV, XRED)
         o = qs * rq + bqk * err
         tl.store(o_ptr + (n * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty), mask=m_vs)
