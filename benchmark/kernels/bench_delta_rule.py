@@ -1425,6 +1425,7 @@ SWEEP_DEFAULT_ONLY = False  # main(): --sweep-tiles default (time the defaults, 
 SWEEP_DECODE_BATCHES = None  # main(): --sweep-decode-batches (decode cases' batch sizes; None = KDA 1/32/128, GDN 1/32)
 SWEEP_DEFERRED_BATCHES = None  # main(): --sweep-deferred-batches (GDN T=5 deferred / fused-replay cases; None = 32, fused also 1)
 SWEEP_VERIFY_BATCHES = None  # main(): --sweep-verify-batches (KDA T=4 and GDN plain T=5 verify; None = KDA 1/32/128, GDN 32)
+SWEEP_VERIFY_TOKENS = None  # main(): --sweep-verify-tokens (T of the KDA and GDN plain verify / KDA snapshot cases; None = 4 / 5)
 WIDE_VARIANTS = []  # main(): --wide-variants BVxWARPS[kKL],... tiles of the one-warp kernel (or of the lanes kernel: kKL)
 CHUNK_VARIANTS = []  # main(): --chunk-variants BVxWARPS:PREC,... chunk-form windows (triton_window.py) timed beside the tiles
 
@@ -1595,7 +1596,7 @@ def bench_recurrent_sweep(results, ceiling):
     small = torch.randn(160, H, V, K, device=DEV)
     # (T, mode): decode, plain verify windows, and the snapshot windows SGLang's target_verify asks for (the
     # state after every token written: B * T states; the all-modes binary)
-    for T, snapshots in ((1, False), (4, False), (4, True)):
+    for T, snapshots in ((1, False), (SWEEP_VERIFY_TOKENS or 4, False), (SWEEP_VERIFY_TOKENS or 4, True)):
         for B in (SWEEP_DECODE_BATCHES or (1, 32, 128)) if T == 1 else (SWEEP_VERIFY_BATCHES or (1, 32, 128)):
             tag = "kda_decode" if T == 1 else (f"kda_snapshots_t{T}" if snapshots else f"kda_verify_t{T}")
             if SWEEP_CASES is not None and not any(c in tag for c in SWEEP_CASES):
@@ -1648,7 +1649,7 @@ def bench_recurrent_sweep(results, ceiling):
     slots = 256
     A, dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
     decode_cases = tuple((b, 1, "decode", "vk") for b in (SWEEP_DECODE_BATCHES or (1, 32)))
-    verify_cases = tuple((b, 5, "verify", "vk") for b in (SWEEP_VERIFY_BATCHES or (32,)))
+    verify_cases = tuple((b, SWEEP_VERIFY_TOKENS or 5, "verify", "vk") for b in (SWEEP_VERIFY_BATCHES or (32,)))
     if SWEEP_DEFERRED_BATCHES:
         deferred_cases = tuple((b, 5, m, "vk") for m in ("deferred", "deferred_fused", "snapshots") for b in SWEEP_DEFERRED_BATCHES)
     else:
@@ -1724,7 +1725,7 @@ def bench_recurrent_sweep(results, ceiling):
 
 def main():
     global PARTIAL_OUT, CHUNK_STATE_SHAPES, RECURRENT_BASELINE, SWEEP_DEFAULT_ONLY, SWEEP_CASES, HOST_BASELINE, HOST_SHAPES
-    global GDN_KEEP, SWEEP_DECODE_BATCHES, SWEEP_VERIFY_BATCHES, SWEEP_DEFERRED_BATCHES
+    global GDN_KEEP, SWEEP_DECODE_BATCHES, SWEEP_VERIFY_BATCHES, SWEEP_DEFERRED_BATCHES, SWEEP_VERIFY_TOKENS
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench_delta_rule.json")
     p.add_argument("--only", default=None, help="comma list: correctness,bench_decode_verify,bench_fused_decode,bench_gdn,"
@@ -1751,6 +1752,8 @@ def main():
                    "the decode cases (default: KDA 1,32,128; GDN 1,32)")
     p.add_argument("--sweep-verify-batches", default=None, help="bench_recurrent_sweep: comma list of batch sizes of "
                    "the plain verify cases, KDA T=4 and GDN T=5 (default: KDA 1,32,128; GDN 32)")
+    p.add_argument("--sweep-verify-tokens", type=int, default=None, help="bench_recurrent_sweep: tokens per request "
+                   "(1 + drafts) of the KDA / GDN plain verify and KDA snapshot cases (default: 4 / 5)")
     p.add_argument("--sweep-deferred-batches", default=None, help="bench_recurrent_sweep: comma list of batch sizes of "
                    "the GDN T=5 deferred-commit and fused-replay cases (default: 32, the fused replay also 1)")
     p.add_argument("--lanes-exact", default="", help="deferred_exact: comma list of BVxKL (value tile x key lanes): "
@@ -1764,6 +1767,9 @@ def main():
     SWEEP_DECODE_BATCHES = tuple(int(x) for x in args.sweep_decode_batches.split(",")) if args.sweep_decode_batches else None
     SWEEP_VERIFY_BATCHES = tuple(int(x) for x in args.sweep_verify_batches.split(",")) if args.sweep_verify_batches else None
     SWEEP_DEFERRED_BATCHES = tuple(int(x) for x in args.sweep_deferred_batches.split(",")) if args.sweep_deferred_batches else None
+    SWEEP_VERIFY_TOKENS = args.sweep_verify_tokens
+    if SWEEP_VERIFY_TOKENS is not None and not 2 <= SWEEP_VERIFY_TOKENS <= 16:
+        raise ValueError(f"--sweep-verify-tokens must be in 2..16, got {SWEEP_VERIFY_TOKENS}")
     WIDE_VARIANTS[:] = [(int(x.split("x")[0]), int(x.split("x")[1].split("k")[0]), x.split("k")[1] if "k" in x else 0)
                         for x in args.wide_variants.split(",") if x]
     CHUNK_VARIANTS[:] = [(int(x.split(":")[0].split("x")[0]), int(x.split(":")[0].split("x")[1]), x.split(":")[1])
