@@ -21,7 +21,8 @@ import torch
 import triton
 
 from sgl_hybrid_kernel.delta_rule.chunk_parallel import device_chunk_launch
-from sgl_hybrid_kernel.delta_rule.recurrent import device_value_tile_tuning, lanes_pdl, use_tokprep
+from sgl_hybrid_kernel.delta_rule.recurrent import (TOKPREP_MAX_TOKENS_GDN, TOKPREP_MAX_TOKENS_KDA,
+                                                   device_value_tile_tuning, lanes_pdl, use_tokprep)
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
 from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_v_first
 from sgl_hybrid_kernel.dispatch import record_choice
@@ -74,10 +75,10 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> s
              "columns: gate and beta exponentials / reciprocals without fix-ups (recurrent.use_fast_gate); on CUDA sm_90, "
              "one-warp tiles under 16 columns of the V-major pool: each token's key sums as one reduce-scatter across "
              "the warp (recurrent.use_xred; KDA plain verify then at 4 columns from B=1), and plain GDN verify windows of "
-             f"2-10 tokens there with every token's norms, gates and betas computed before the state's chain (TOKPREP, "
-             f"recurrent.use_tokprep: {use_tokprep(GATE_GDN, 5, True, 1)}) at 4 / 8 / 16 columns, and plain KDA windows there "
-             f"(per-key decays as one tile first, TOKPREP: {use_tokprep(GATE_KDA_SAFE, 4, True, 1)}) at 4 / 8 columns, "
-             f"on the one-warp kernel at every batch)")
+             f"2-{TOKPREP_MAX_TOKENS_GDN} tokens there with every token's norms, gates and betas computed before the "
+             f"state's chain (TOKPREP, recurrent.use_tokprep: {use_tokprep(GATE_GDN, 5, True, 1)}) at 4 / 8 / 16 columns, "
+             f"and plain KDA windows there of 2-{TOKPREP_MAX_TOKENS_KDA} tokens (per-key decays as one tile first, "
+             f"TOKPREP: {use_tokprep(GATE_KDA_SAFE, 4, True, 1)}) at 4 / 8 columns, on the one-warp kernel at every batch)")
     record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}", log=logger)
     return "triton"
 

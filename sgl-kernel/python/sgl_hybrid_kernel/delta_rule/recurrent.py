@@ -385,12 +385,23 @@ def gated_delta_recurrent_triton(
     return o
 
 
+# Longest windows use_tokprep prepares by itself (the kernel takes 2 to 10 tokens when asked, ``tokprep=True``): past
+# these the prepared programs' token tiles cost more registers than the prep saves (H200, 2026-12-02,
+# ``2026-12-02-h200-verify_tokens_t{3,6,8}_tokprep{0,1}.json``, per-token -> prepared, µs: GDN T=6 B = 1 / 3 / 8 / 32
+# 5.31 / 11.36 / 19.92 / 57.33 -> 4.74 / 9.24 / 16.92 / 55.39, T=8 6.30 / 12.55 / 22.35 / 68.37 -> 7.50 / 15.61 / 30.21 /
+# 108.40; KDA T=3 2.75 / 3.66 / 5.24 / 14.01 -> 2.60 / 3.46 / 5.18 / 12.90, T=6 3.60 / 5.17 / 7.72 / 20.54 -> 4.23 / 5.94 /
+# 7.68 / 23.23)
+TOKPREP_MAX_TOKENS_GDN = 6
+TOKPREP_MAX_TOKENS_KDA = 4
+
+
 def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
-    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window of 2 to 10
-    tokens taking the reduce-scatter (``xred``) computes every token's norms, ``q.k``, decay and beta before the state's
+    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window of 2 to
+    :data:`TOKPREP_MAX_TOKENS_GDN` (6, GDN) or :data:`TOKPREP_MAX_TOKENS_KDA` (4, KDA) tokens taking the reduce-scatter
+    (``xred``) computes every token's norms, ``q.k``, decay and beta before the state's
     chain instead of each program repeating them per token in it: GDN's per-head decays one token per lane, KDA's
-    (either gate) per-key decays as one ``[K, T]`` tile. Only GDN's prepared windows take their own tile rules
-    (``prepped`` in :func:`pick_wide_tile` / :func:`pick_lanes_tile`); KDA's keep the plain rules.
+    (either gate) per-key decays as one ``[K, T]`` tile. Prepared windows take their own tile rules (``prepped`` in
+    :func:`pick_wide_tile` / :func:`pick_lanes_tile`: never the lanes kernel).
     ``SGL_HYBRID_TOKPREP=0`` turns it off, ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only.
 
     KDA, H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_kda_*.json``, graph replay, states from HBM,
@@ -402,7 +413,8 @@ def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
         return False
     if gate_kind != GATE_GDN and os.environ.get("SGL_HYBRID_TOKPREP_KDA", "1") == "0":
         return False
-    return bool(plain and xred and 2 <= tokens <= 10)
+    top = TOKPREP_MAX_TOKENS_GDN if gate_kind == GATE_GDN else TOKPREP_MAX_TOKENS_KDA
+    return bool(plain and xred and 2 <= tokens <= top)
 
 
 def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:
