@@ -90,6 +90,29 @@ def _frcp(x, FAST: tl.constexpr):
 
 
 @triton.jit
+def _beta(b, FAST: tl.constexpr):
+    """``sigmoid(b)`` in FP32 (``FAST``: :func:`_fexp` / :func:`_frcp` without fix-ups)."""
+    if FAST:
+        return _frcp(1.0 + _fexp(-b, FAST), FAST)
+    else:
+        return 1.0 / (1.0 + tl.exp(-b))
+
+
+@triton.jit
+def _log_decay(x, A, lower_bound, GATE: tl.constexpr, FAST: tl.constexpr):
+    """The log decay ``g`` of a gate input ``x = f + dt_bias`` (any shape): ``lower_bound * sigmoid(A x)`` for the
+    bounded KDA gate (``GATE == 1``; ``FAST``: without fix-ups, bounded gate only), else ``-A softplus(x)``; ``A`` is
+    ``e^{A_log}``. The one-warp kernel's per-token chain and its window prep (``TOKPREP``) both use it."""
+    if FAST:
+        tl.static_assert(GATE == 1, "FAST: the bounded KDA gate")
+        return lower_bound * _frcp(1.0 + _fexp(-A * x, FAST), FAST)
+    elif GATE == 1:
+        return lower_bound / (1.0 + tl.exp(-A * x))
+    else:
+        return -A * _softplus(x)
+
+
+@triton.jit
 def _lane_xor(x, lane, m: tl.constexpr, XRED: tl.constexpr):
     """``x`` as held by lane ``lane ^ m`` of the warp, element by element, for a ``[32, n]`` FP32 tile whose
     dim 0 is the warp's lanes (what :func:`_xred_pair` builds from the state tile's layout; the compile gate's
@@ -448,20 +471,11 @@ def _verify_per_token(S, p_s, q, k, v, f, b, q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, 
             q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
         q = q * scale
-        if FAST:
-            # the same MUFU operations as below without their range fix-ups: equal results wherever no
-            # operand or result is denormal or above 2^126 (KDA's bounded gate, GATE == 1, only)
-            tl.static_assert(GATE == 1, "FAST: the bounded KDA gate")
-            b = _frcp(1.0 + _fexp(-b, FAST), FAST)
-            g = lower_bound * _frcp(1.0 + _fexp(-A * (f + dtb), FAST), FAST)
-            d = _fexp(g, FAST)
-        else:
-            b = 1.0 / (1.0 + tl.exp(-b))
-            if GATE == 1:
-                g = lower_bound / (1.0 + tl.exp(-A * (f + dtb)))
-            else:
-                g = -A * _softplus(f + dtb)
-            d = tl.exp(g)
+        # FAST: the same MUFU operations without their range fix-ups, equal results wherever no operand or result
+        # is denormal or above 2^126 (KDA's bounded gate, GATE == 1, only)
+        b = _beta(b, FAST)
+        g = _log_decay(f + dtb, A, lower_bound, GATE, FAST)
+        d = _fexp(g, FAST)
         if XRED:
             if XNORM:
                 qk = qkn
@@ -614,13 +628,10 @@ def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane
     # beta (and GDN's per-head decay): token t's in lane t
     mt = lane < T
     bl = tl.load(b_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
-    if FAST:
-        betal = _frcp(1.0 + _fexp(-bl, FAST), FAST)
-    else:
-        betal = 1.0 / (1.0 + tl.exp(-bl))
+    betal = _beta(bl, FAST)
     if GATE == 2:
         fl = tl.load(f_ptr + (i_b * T + lane) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
-        dl = tl.exp(-A * _softplus(fl + dtb))
+        dl = tl.exp(_log_decay(fl + dtb, A, 0.0, GATE, False))
         jg = tl.arange(0, 2 * TG)[None, :]
         G = _lane_pick(tl.where(jg < TG, dl, betal), jg % TG, XRED)
         DT = KT
@@ -630,14 +641,7 @@ def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane
         for t in tl.static_range(T):
             fr = tl.load(f_ptr + ((i_b * T + t) * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
             FT = tl.where(tcol == t, fr[:, None], FT)
-        x = FT + dtb[:, None]
-        if FAST:
-            tl.static_assert(GATE == 1, "FAST: the bounded KDA gate")
-            DT = _fexp(lower_bound * _frcp(1.0 + _fexp(-A * x, FAST), FAST), FAST)
-        elif GATE == 1:
-            DT = tl.exp(lower_bound / (1.0 + tl.exp(-A * x)))
-        else:
-            DT = tl.exp(-A * _softplus(x))
+        DT = _fexp(_log_decay(FT + dtb[:, None], A, lower_bound, GATE, FAST), FAST)
         G = _lane_pick(tl.broadcast_to(betal, [32, TG]), tl.arange(0, TG)[None, :], XRED)
     return R, G, QT, KT, DT
 
