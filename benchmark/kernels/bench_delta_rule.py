@@ -1462,13 +1462,14 @@ def bench_copy_sizes(results, ceiling):
     (graph replay, ``_hbm_rot`` source / destination pairs per graph so that one replay touches >= 4x L2),
     against the 2 GiB copy ceiling: what fraction of the ceiling a single launch of that size reaches
     (issue 4's decode goal is >= 90 % of the ceiling at B >= 32). Sizes: the FP32 states of KDA (Kimi K3
-    TP8, 12 heads x 128 x 128) at B = 1 / 32 / 128 and GDN (Qwen3.8, 48 value heads) at B = 32 / 128."""
+    TP8, 12 heads x 128 x 128) at B = 1 / 32 / 64 / 128 / 256 / 512 and GDN (Qwen3.8, 48 value heads) at B = 32 / 128."""
     global ROT
     rows = []
     results["copy_sizes"] = rows
     head = 128 * 128 * 4
     big = torch.empty(3 * 1024 ** 3 // 4, dtype=torch.float32, device=DEV)
-    for tag, hv, B in (("kda", 12, 1), ("kda", 12, 32), ("kda", 12, 128), ("gdn", 48, 32), ("gdn", 48, 128)):
+    for tag, hv, B in (("kda", 12, 1), ("kda", 12, 32), ("kda", 12, 64), ("kda", 12, 128), ("kda", 12, 256), ("kda", 12, 512),
+                       ("gdn", 48, 32), ("gdn", 48, 128)):
         n = B * hv * head // 4  # floats per direction
         pairs = big.numel() // (2 * n)
         ROT = max(1, min(pairs, _hbm_rot(B, hv * head, 10 ** 9)))
@@ -1593,7 +1594,8 @@ def bench_recurrent_sweep(results, ceiling):
     H, K, V = 12, 128, 128
     pool = torch.randn(SLOTS, H, V, K, device=DEV)
     A, dtb = torch.rand(H, device=DEV), torch.randn(H * K, device=DEV)
-    small = torch.randn(160, H, V, K, device=DEV)
+    # the output check's pool: at least 160 slots, and one per request of the largest batch asked for
+    small = torch.randn(max(160, *(SWEEP_DECODE_BATCHES or ()), *(SWEEP_VERIFY_BATCHES or ())), H, V, K, device=DEV)
     # (T, mode): decode, plain verify windows, and the snapshot windows SGLang's target_verify asks for (the
     # state after every token written: B * T states; the all-modes binary)
     for T, snapshots in ((1, False), (SWEEP_VERIFY_TOKENS or 4, False), (SWEEP_VERIFY_TOKENS or 4, True)):
@@ -1608,7 +1610,7 @@ def bench_recurrent_sweep(results, ceiling):
             f = torch.randn(N, H, K, device=DEV, dtype=torch.bfloat16)
             b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
             o = torch.empty_like(v)
-            cidx = torch.randperm(160, device=DEV)[:B].to(torch.int32)
+            cidx = torch.randperm(small.shape[0], device=DEV)[:B].to(torch.int32)
             snap = dict(inter_state=torch.empty((N, H, V, K), device=DEV),
                         inter_indices=torch.arange(N, device=DEV, dtype=torch.int32)) if snapshots else {}
 
@@ -1646,7 +1648,7 @@ def bench_recurrent_sweep(results, ceiling):
 
     # GDN, Qwen3.8: 16 k-heads, 48 v-heads x 128; SGLang's V-major pool (what serving runs) and fla's K-major one
     H, HV, K, V = 16, 48, 128, 128
-    slots = 256
+    gdn_slots = 256  # 256 x 48 x 128 x 128 x 4 B = 805 MB >> 60 MB L2; twice the batch above 128
     A, dtb = torch.rand(HV, device=DEV), torch.randn(HV, device=DEV)
     decode_cases = tuple((b, 1, "decode", "vk") for b in (SWEEP_DECODE_BATCHES or (1, 32)))
     verify_cases = tuple((b, SWEEP_VERIFY_TOKENS or 5, "verify", "vk") for b in (SWEEP_VERIFY_BATCHES or (32,)))
@@ -1655,6 +1657,10 @@ def bench_recurrent_sweep(results, ceiling):
     else:
         deferred_cases = ((1, 5, "deferred_fused", "vk"), (32, 5, "deferred", "vk"), (32, 5, "deferred_fused", "vk"))
     for B, T, mode, layout in decode_cases + verify_cases + deferred_cases + ((32, 5, "deferred_fused", "kv"),):
+        tag = f"gdn_{mode}" + ("" if T == 1 else f"_t{T}") + f"_{layout}"
+        if SWEEP_CASES is not None and not any(c in tag for c in SWEEP_CASES):
+            continue  # nothing allocated for a case left out
+        slots = max(gdn_slots, 2 * B)
         if layout == "vk":
             pool, small = torch.randn(slots, HV, V, K, device=DEV), torch.randn(max(64, B), HV, V, K, device=DEV)
         else:
@@ -1716,7 +1722,7 @@ def bench_recurrent_sweep(results, ceiling):
                                                  initial_state=fpool[starts[r]: starts[r] + B], output_final_state=True,
                                                  use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
 
-        run_case(f"gdn_{mode}" + ("" if T == 1 else f"_t{T}") + f"_{layout}", B, T, pool, perms, call,
+        run_case(tag, B, T, pool, perms, call,
                  SWEEP_TILES[("decode" if T == 1 else "verify", int(B == 1))], fla_call, check)
         del pool, small
         torch.cuda.empty_cache()
