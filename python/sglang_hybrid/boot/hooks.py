@@ -34,10 +34,10 @@ def _add_skip_flag(result, parser, *args, **kwargs):
     return result
 
 
-def _export_skip_flag(original, cls, args, *rest, **kwargs):
+def _export_skip_flag(cls, args, *rest, **kwargs):
+    """BEFORE ``ServerArgs.from_cli_args``: ``--skip-boot-gates`` -> the environment the scheduler inherits."""
     if getattr(args, "skip_boot_gates", False):
         os.environ[SKIP_ENV] = "1"
-    return original(cls, args, *rest, **kwargs)
 
 
 def _rank() -> int:
@@ -65,5 +65,5 @@ def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(ADD_CLI_ARGS, _add_skip_flag, HookType.AFTER)
-    HookRegistry.register(FROM_CLI_ARGS, _export_skip_flag, HookType.AROUND)
+    HookRegistry.register(FROM_CLI_ARGS, _export_skip_flag, HookType.BEFORE)
     HookRegistry.register(LOAD_MODEL, _before_load_model, HookType.BEFORE)

@@ -8,7 +8,7 @@
 * AROUND ``PrefillAdder._select_prefill_admission``: split a prefill chunk at the
   branch point so both the branch point and the prompt end get checkpoints.
 * ``--hybrid-host-cache-gb G`` and ``--hybrid-device-cache-gb G`` (AFTER
-  ``ServerArgs.add_cli_args``; AROUND ``ServerArgs.from_cli_args`` exports them as
+  ``ServerArgs.add_cli_args``; BEFORE ``ServerArgs.from_cli_args`` exports them as
   ``SGLANG_HYBRID_HOST_CACHE_GB`` / ``SGLANG_HYBRID_DEVICE_CACHE_GB`` to the
   scheduler processes, since ``ServerArgs`` has no field for them).
 
@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import contextvars
+import importlib
 import logging
 import os
 
@@ -239,10 +240,21 @@ def _add_flag(result, parser, *args, **kwargs):
             "bytes in use exceed it, instead of a fixed KV/state split (default: off, upstream's two pools; "
             f"same as {DEVICE_ENV}).",
         )
+    for action in parser._actions:
+        if "--radix-cache-backend" in action.option_strings and BACKEND_NAME not in (action.help or ""):
+            action.help = (f"{action.help} sglang-hybrid registers '{BACKEND_NAME}' (its hybrid radix cache: aligned "
+                           f"KV + recurrent-state resume points, host tier; the default for hybrid recurrent models "
+                           f"when this flag is omitted) and '{UPSTREAM_BACKEND_NAME}' (upstream's own cache, for A/B runs).")
     return result
 
 
-def _export_flag(original, cls, args, *rest, **kwargs):
+def _export_flag(cls, args, *rest, **kwargs):
+    """BEFORE ``ServerArgs.from_cli_args``: the cache-size flags -> the environment the scheduler inherits.
+
+    Raises:
+        ValueError: ``--hybrid-host-cache-gb`` below 0, ``--hybrid-device-cache-gb`` not above 0, or a
+            ``--radix-cache-backend`` name no plugin registered (at parse time, not after the model loads).
+    """
     for attr, flag, env, positive in (
         ("hybrid_host_cache_gb", HOST_FLAG, HOST_ENV, False),
         ("hybrid_device_cache_gb", DEVICE_FLAG, DEVICE_ENV, True),
@@ -253,7 +265,18 @@ def _export_flag(original, cls, args, *rest, **kwargs):
         if val < 0 or (positive and val == 0):
             raise ValueError(f"{flag} must be {'> 0' if positive else '>= 0'}, got {val}")
         os.environ[env] = repr(float(val))
-    return original(cls, args, *rest, **kwargs)
+    backend = getattr(args, "radix_cache_backend", None)
+    if backend is not None:
+        from sglang.srt.mem_cache.registry import registered_radix_cache_backends
+
+        if backend not in registered_radix_cache_backends():  # e.g. upstream's flexkv registers on import
+            try:
+                importlib.import_module(f"sglang.srt.mem_cache.storage.{backend}")
+            except ImportError:
+                pass
+        names = registered_radix_cache_backends()
+        if backend not in names:  # upstream finds out only when the scheduler builds its cache
+            raise ValueError(f"--radix-cache-backend {backend!r} is not registered; registered: {', '.join(names)}")
 
 
 def _split_at_branch_point(original, self, req, *args, **kwargs):
@@ -319,4 +342,4 @@ def install() -> None:
     HookRegistry.register(DEFAULT_FACTORY, _default_factory, HookType.AROUND)
     HookRegistry.register(SELECT_ADMISSION, _split_at_branch_point, HookType.AROUND)
     HookRegistry.register(ADD_CLI_ARGS, _add_flag, HookType.AFTER)
-    HookRegistry.register(FROM_CLI_ARGS, _export_flag, HookType.AROUND)
+    HookRegistry.register(FROM_CLI_ARGS, _export_flag, HookType.BEFORE)

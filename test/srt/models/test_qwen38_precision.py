@@ -67,14 +67,12 @@ def test_cli_flags_export_environment(monkeypatch):
     precision.add_precision_flags(None, parser)
     precision.add_precision_flags(None, parser)  # idempotent (upstream may build the parser twice)
     args = parser.parse_args(["--qwen38-fp8-residual-proj", "--vocab-screening-topk", "64", "--vocab-screening-format", "int8"])
-    seen = []
-    assert precision.export_precision_flags(lambda cls, a: seen.append(a) or "record", object, args) == "record"
-    assert seen == [args]
+    assert precision.export_precision_flags(object, args) is None  # a BEFORE hook: upstream's call goes on unchanged
     assert PrecisionPaths.from_env() == PrecisionPaths(True, 64, "int8")
     with pytest.raises(SystemExit):
         parser.parse_args(["--vocab-screening-format", "fp4"])
     with pytest.raises(ValueError, match="vocab-screening-topk"):
-        precision.export_precision_flags(lambda cls, a: None, object, parser.parse_args(["--vocab-screening-topk", "-2"]))
+        precision.export_precision_flags(object, parser.parse_args(["--vocab-screening-topk", "-2"]))
 
 
 def test_fp8_projection_path_matches_its_fp64_oracle_and_moves_off_full_precision():

@@ -198,8 +198,8 @@ def add_precision_flags(result, parser, *args, **kwargs):
     return result
 
 
-def export_precision_flags(original, cls, args, *rest, **kwargs):
-    """AROUND ``ServerArgs.from_cli_args``: flags -> environment variables, then upstream's call.
+def export_precision_flags(cls, args, *rest, **kwargs):
+    """BEFORE ``ServerArgs.from_cli_args``: flags -> environment variables (upstream's call follows).
 
     Raises:
         ValueError: ``--vocab-screening-topk`` below 0.
@@ -220,7 +220,6 @@ def export_precision_flags(original, cls, args, *rest, **kwargs):
         if not current_platform().is_cpu:
             logger.warning("%s / %s act on the Qwen3.8 plain-torch reference model, which serves on CPU only; "
                            "upstream's model class on this GPU ignores them", FP8_FLAG, TOPK_FLAG)
-    return original(cls, args, *rest, **kwargs)
 
 
 def install() -> None:
@@ -228,4 +227,4 @@ def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(ADD_CLI_ARGS, add_precision_flags, HookType.AFTER)
-    HookRegistry.register(FROM_CLI_ARGS, export_precision_flags, HookType.AROUND)
+    HookRegistry.register(FROM_CLI_ARGS, export_precision_flags, HookType.BEFORE)
