@@ -286,6 +286,12 @@ ANCHORS: List[Anchor] = [
         snippet="return _PrefillAdmission(",
     ),
     Anchor(
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend",
+        "AFTER hook moving the hybrid cache's host-restored tokens from the device to the host share of "
+        "cached_tokens_details (upstream splits the prefix by tier once, on the first extend)",
+        snippet="req._cache_breakdown_computed = True",
+    ),
+    Anchor(
         "sglang.srt.managers.schedule_batch.ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend",
         "upstream tracks the branch point instead of the chunk end when it falls inside the chunk (why we split there)",
         snippet="if req.mamba_branching_seqlen is not None:",

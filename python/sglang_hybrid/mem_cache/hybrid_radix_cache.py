@@ -622,6 +622,12 @@ class HybridRadixCache(UnifiedRadixCache):
         if self._prom is not None:
             self._prom.update(resume - host_tokens, host_tokens, len(toks) - resume,
                               max(0, res.full_kv_hit_length - resume), self)
+        if not getattr(params.req, "_cache_breakdown_computed", True):
+            # upstream splits the cached prefix by tier once, on the request's first extend, from its
+            # own HiCache fields; our host tier restores pages inside this match, so those fields stay 0
+            # and every restored token would be reported as a device hit. serving._report_host_hits
+            # moves these tokens to the host share after that split.
+            params.req._sglang_hybrid_host_hit_tokens = host_tokens
         if rid is not None:
             self.host_hits_by_rid[rid] = host_tokens
             if len(self.host_hits_by_rid) > 4096:

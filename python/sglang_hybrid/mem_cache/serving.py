@@ -7,6 +7,9 @@
   everything else, and for ours when HiCache / LMCache / a disabled cache is asked for).
 * AROUND ``PrefillAdder._select_prefill_admission``: split a prefill chunk at the
   branch point so both the branch point and the prompt end get checkpoints.
+* AFTER ``ScheduleBatch.prepare_for_extend``: tokens restored from the host tier are
+  reported as ``host`` in ``meta_info.cached_tokens_details`` (upstream counted them as
+  ``device``: its tier split reads HiCache's fields, which this cache does not set).
 * ``--hybrid-host-cache-gb G`` and ``--hybrid-device-cache-gb G`` (AFTER
   ``ServerArgs.add_cli_args``; BEFORE ``ServerArgs.from_cli_args`` exports them as
   ``SGLANG_HYBRID_HOST_CACHE_GB`` / ``SGLANG_HYBRID_DEVICE_CACHE_GB`` to the
@@ -47,6 +50,7 @@ ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 DEFAULT_FACTORY = "sglang.srt.mem_cache.registry.default_radix_cache_factory"
 SELECT_ADMISSION = "sglang.srt.managers.schedule_policy.PrefillAdder._select_prefill_admission"
+PREPARE_FOR_EXTEND = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend"
 
 
 def _gb_env(env: str, flag: str):
@@ -330,6 +334,24 @@ def _split_at_branch_point(original, self, req, *args, **kwargs):
     return type(adm)(adm.prefix_len, b - start, 0, True, adm.replay_len)
 
 
+def _report_host_hits(result, batch, *args, **kwargs):
+    """AFTER ``ScheduleBatch.prepare_for_extend``: the host tier's share of each new request's cached prefix.
+
+    Upstream splits a request's cached prefix into device / host / storage tokens once, on its first
+    extend (``req.cached_tokens_device`` / ``cached_tokens_host``, reported as the response's
+    ``meta_info.cached_tokens_details``), from its own HiCache fields. The hybrid cache restores host pages
+    during ``match_prefix`` and leaves those fields at 0, so it notes the restored tokens on the request
+    (``_sglang_hybrid_host_hit_tokens``); here they move from the device share to the host share, once.
+    """
+    for req in getattr(batch, "reqs", ()):
+        host = req.__dict__.pop("_sglang_hybrid_host_hit_tokens", 0)
+        if host > 0 and getattr(req, "_cache_breakdown_computed", False):
+            moved = min(host, req.cached_tokens_device)
+            req.cached_tokens_device -= moved
+            req.cached_tokens_host += moved
+    return result
+
+
 def install() -> None:
     """Register the backend, the default-selection hook and the flag (called by ``plugin.register``)."""
     from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
@@ -341,5 +363,6 @@ def install() -> None:
         register_radix_cache_backend(UPSTREAM_BACKEND_NAME, upstream_cache_factory)
     HookRegistry.register(DEFAULT_FACTORY, _default_factory, HookType.AROUND)
     HookRegistry.register(SELECT_ADMISSION, _split_at_branch_point, HookType.AROUND)
+    HookRegistry.register(PREPARE_FOR_EXTEND, _report_host_hits, HookType.AFTER)
     HookRegistry.register(ADD_CLI_ARGS, _add_flag, HookType.AFTER)
     HookRegistry.register(FROM_CLI_ARGS, _export_flag, HookType.BEFORE)

@@ -62,8 +62,12 @@ def generate_batch(url, prompts, n=6, timeout=300):
     return [_result(j) for j in _post(url, prompts, n, timeout)]
 
 
-def generate(url, prompt, n=6, timeout=300):
-    return _result(_post(url, prompt, n, timeout))
+def generate(url, prompt, n=6, timeout=300, details=None):
+    """``(output_ids, cached_tokens)``; ``details``: a list that receives ``meta_info.cached_tokens_details``."""
+    j = _post(url, prompt, n, timeout)
+    if details is not None:
+        details.append(j["meta_info"].get("cached_tokens_details"))
+    return _result(j)
 
 
 # (name, prompt) in sending order; built once so both servers see the same prompts
@@ -112,11 +116,13 @@ class TestHybridCacheServerCases(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls.model = tiny_kimi_k3()
-        cls.on, cls.off = {}, {}
+        cls.on, cls.off, cls.on_details = {}, {}, {}
         args = cpu_server_args(max_total_tokens=1600, max_mamba_cache_size=16) + COMMON
         with LaunchedServer(cls.model, args + ["--hybrid-host-cache-gb", "0.05", "--enable-metrics"], env=STRICT) as s:
             for name, p in CASES:
-                cls.on[name] = generate(s.base_url, p)
+                d = []
+                cls.on[name] = generate(s.base_url, p, details=d)
+                cls.on_details[name] = d[0]
             generate(s.base_url, SPLIT_W)
             cls.split = generate_batch(s.base_url, [SPLIT_A, SPLIT_B])
             cls.metrics = requests.get(s.base_url + "/metrics", timeout=30).text
@@ -209,6 +215,11 @@ class TestHybridCacheServerCases(CustomTestCase):
         self.assertEqual([int(h) for _, h in lines], [0, 320, 0])
         self.assertEqual(self.on["K7 sentinel again"][1], 320)
         self.assertEqual(self.on["K7 sentinel again 2"][1], 320)
+        # the response's tier split says where the cached tokens came from (upstream's split alone
+        # reported the host restore as a device hit)
+        self.assertEqual(self.on_details["K7 sentinel again"], {"device": 0, "host": 320})
+        self.assertEqual(self.on_details["K7 sentinel again 2"], {"device": 320, "host": 0})
+        self.assertEqual(self.on_details["K1 warm"], {"device": EXPECTED_CACHED["K1 warm"], "host": 0})
 
     def test_metrics_exported(self):
         def value(name):
