@@ -82,7 +82,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def op_table(platform: Platform, choices: Sequence[KernelChoice]) -> str:
     """The start-up table: platform line, aiter line, then op -> implementation -> why."""
     aiter_ok, aiter_why = platform.aiter()
-    head = (f"sglang-hybrid kernel paths on {platform.describe()}\n"
+    head = (f"sglang-hybrid kernel paths on {platform.describe()} (every op of the kernel package, for both "
+            f"models; the served model calls its own subset)\n"
             f"  aiter: {'usable' if aiter_ok else 'not used'} ({aiter_why})\n")
     return head + _table(("op", "implementation", "why"), [(c.op, c.impl, c.reason) for c in choices])
 

@@ -40,13 +40,13 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Deque, Hashable, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import controlled_acceptance
 from .controller import DepthController
-from .cycle_cost import CycleTimer
+from .cycle_cost import CycleTimer, batch_bucket
 
 logger = logging.getLogger("sglang_hybrid.speculative")
 
@@ -136,6 +136,10 @@ class CycleCostDepthPolicy:
         controller: a :class:`DepthController` (default: one over ``candidate_steps``).
         timer: a :class:`CycleTimer` (default: device events when ``use_device_events``, else wall clock).
         log_interval_s: seconds between two log lines (``<= 0``: never).
+        warmup_cycles: cycles not recorded at the start of each ``(depth, batch bucket)`` cell: the
+            first decode of a process, and the first cycles at a depth or batch size, carry one-time
+            work (the CPU server's first decode took 14.9 s against ~30-60 ms after it, 2026-12-03)
+            that would otherwise be charged to whichever depth ran it.
     """
 
     name = "cycle-cost"
@@ -150,6 +154,7 @@ class CycleCostDepthPolicy:
         use_device_events: bool = False,
         log_interval_s: float = 60.0,
         clock=time.monotonic,
+        warmup_cycles: int = 1,
     ):
         steps = sorted(set(int(s) for s in candidate_steps))
         self.controller = controller if controller is not None else DepthController(steps)
@@ -165,6 +170,11 @@ class CycleCostDepthPolicy:
         self._clock = clock
         self._last_log = clock()
         self.unmatched_verifies = 0
+        if not (isinstance(warmup_cycles, int) and warmup_cycles >= 0):
+            raise ValueError(f"warmup_cycles must be an int >= 0, got {warmup_cycles!r}")
+        self.warmup_cycles = warmup_cycles
+        self._warmup_seen: Dict[Tuple[int, int], int] = {}
+        self.warmup_skipped = 0
 
     # -- upstream's AdaptiveSpecPolicy protocol --
     @property
@@ -194,6 +204,12 @@ class CycleCostDepthPolicy:
     def on_verify_complete(self, num_correct_drafts_per_req: List[int], batch_size: int) -> Optional[int]:
         """Feed accept lengths and finished cycle timings; the decision waits for the next batch (returns None)."""
         for (depth, bs), seconds in self.timer.collect():
+            cell = (depth, batch_bucket(bs))
+            seen = self._warmup_seen.get(cell, 0)
+            if seen < self.warmup_cycles:
+                self._warmup_seen[cell] = seen + 1
+                self.warmup_skipped += 1
+                continue
             self.controller.record_cycle_cost(depth, bs, seconds)
         n = len(num_correct_drafts_per_req)
         # With the overlap scheduler the next step is launched before this result arrives:
@@ -226,6 +242,7 @@ class CycleCostDepthPolicy:
         out = {"policy": self.name, "timer": "device-events" if self.timer.uses_device_events else "wall-clock"}
         out.update(self.controller.metrics())
         out["unmatched_verifies"] = self.unmatched_verifies
+        out["warmup_cycles_skipped"] = self.warmup_skipped
         return out
 
 

@@ -82,6 +82,11 @@ class CycleCostTable:
         shape_memory: cycles a depth's shape is averaged over (>= 1).
         outlier_factor: a cycle above ``outlier_factor`` x the current estimate is clipped
             to it (a stall inside a cycle must not dominate; a lasting change still gets through).
+            A depth's first cycle in a bucket where other depths are measured is clipped the same
+            way against its prior-scaled estimate: a first cycle that carries one-time work (a
+            warm-up, a lazy allocation) would otherwise set the depth's shape, and later cycles
+            average it out only as ``1 / n`` (a depth that is only probed kept a cost 1.6x too high
+            on the CPU server, 2026-12-03).
 
     Raises:
         ValueError: empty or negative ``depths``, ``smoothing`` outside [0, 1], ``shape_memory < 1``,
@@ -134,6 +139,8 @@ class CycleCostTable:
         shape = self._shape.get(key)
         n = self._count.get(key, 0)
         if shape is None:
+            if any(k[1] == bucket for k in self._shape):  # clip against the same bucket's scaled prior
+                x = min(x, math.log(self.estimate(depth, batch_size) * self.outlier_factor))
             self._shape[key] = x - level
         else:
             pred = level + shape

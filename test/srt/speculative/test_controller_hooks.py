@@ -104,7 +104,7 @@ def test_upstream_controller_follows_cycle_cost_policy(overlap):
 
 def test_verify_results_match_launches_in_order():
     clock = FakeClock()
-    policy = CycleCostDepthPolicy(3, DEPTHS, timer=CycleTimer(clock=clock), log_interval_s=0)
+    policy = CycleCostDepthPolicy(3, DEPTHS, timer=CycleTimer(clock=clock), log_interval_s=0, warmup_cycles=0)
     k1 = policy.get_steps_for_batch(4)
     clock.now += 1e-3
     k2 = policy.get_steps_for_batch(8)
@@ -115,6 +115,32 @@ def test_verify_results_match_launches_in_order():
     assert policy.controller.costs.count(k1, 4) == 1  # the 1 ms interval went to (k1, bucket 4)
     assert policy.get_steps_for_batch(0) in DEPTHS  # an idle batch does not decide
     del k2
+
+
+@pytest.mark.parametrize("warmup_cycles", [1, 0])
+def test_first_cycle_of_each_depth_and_bucket_is_not_charged(warmup_cycles):
+    """The process's first decode (15 s of one-time work here; 14.9 s on the CPU server) must not
+    become the cost of whichever depth ran it: with it recorded, that depth's estimate stays far
+    above its true 50-85 ms."""
+    clock = FakeClock()
+    policy = CycleCostDepthPolicy(3, DEPTHS, timer=CycleTimer(clock=clock), log_interval_s=0,
+                                  warmup_cycles=warmup_cycles)
+    depths = []
+    for step in range(80):
+        k = policy.get_steps_for_batch(1)
+        depths.append(k)
+        clock.now += 15.0 if step == 0 else 0.05 * (1 + 0.1 * k)
+        policy.on_verify_complete([0], 1)
+    metrics = policy.metrics()
+    worst = max(v["seconds"] for v in metrics["cycle_cost_s"]["1"].values())
+    if warmup_cycles:
+        assert metrics["warmup_cycles_skipped"] == len(set(depths[:-1]))  # the last interval is still open
+        assert worst < 0.1
+    else:
+        assert metrics["warmup_cycles_skipped"] == 0
+        assert worst > 0.2  # several times the true 50-85 ms
+    with pytest.raises(ValueError, match="warmup_cycles"):
+        CycleCostDepthPolicy(3, DEPTHS, warmup_cycles=-1)
 
 
 def _fake_eagle_worker(architecture: str):

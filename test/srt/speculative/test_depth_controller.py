@@ -244,6 +244,10 @@ def test_cost_table_buckets_prior_scaling_and_outlier_clip():
     level = 0.5 * (math.log(6.0) - shape)  # the level takes half of what is left
     assert table.estimate(0, 4) == pytest.approx(math.exp(level + shape))
     assert table.as_dict()["4"]["0"]["cycles"] == 2
+    # a depth's first cycle in a measured bucket is clipped like any stall, against its prior-scaled estimate
+    predicted = table.estimate(1, 4)
+    table.record(1, 4, 1000.0)
+    assert table.estimate(1, 4) == pytest.approx(3.0 * predicted)
 
 
 def test_cost_level_moves_all_depths_and_shape_keeps_long_memory():
