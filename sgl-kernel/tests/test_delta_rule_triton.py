@@ -277,7 +277,8 @@ def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
 
 def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
     """The value tile the wrapper launches at the serving shapes (interpreter = the H200 table) is the
-    decode / verify rule's for that gate and window length: KDA decode 4 columns up to B = 11 then 16,
+    decode / verify rule's for that gate and window length: KDA decode 4 columns up to B = 11, 16 for
+    B = 12-16, 4 again from 17,
     GDN decode 4 at any batch, KDA verify T=4 halved until 8 waves (B=4: 4, B=8: 8)."""
     import sgl_hybrid_kernel.delta_rule.recurrent as rec
 
@@ -296,12 +297,12 @@ def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
         gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.arange(B), T, gate, -5.0 if gate == "kda" else None,
                                      state_layout="vk", commit=(T == 1))
 
-    for B in (1, 11, 12):
+    for B in (1, 11, 12, 32):
         launch(B, 1, 12, 12, "kda")
     launch(32, 1, 16, 48, "gdn")
     launch(4, 4, 12, 12, "kda")
     launch(8, 4, 12, 12, "kda")
-    assert tiles == [(32, 4, True), (32, 4, True), (8, 16, True), (32, 4, True), (32, 4, True), (16, 8, True)]
+    assert tiles == [(32, 4, True), (32, 4, True), (8, 16, True), (32, 4, True), (32, 4, True), (32, 4, True), (16, 8, True)]
 
 
 def test_fast_gate_for_kda_all_modes_and_plain_verify_at_4_to_8_columns_on_cuda(monkeypatch):
@@ -392,8 +393,10 @@ def test_default_tiles_and_warps_follow_the_h200_sweep():
     from sgl_hybrid_kernel.delta_rule.recurrent import (pick_deferred_tile, pick_value_tile, pick_wide_tile, recurrent_num_warps,
                                                         recurrent_preload)
 
-    # decode (T = 1), KDA (per-channel gate, 12 heads): 4 columns up to 32 x 132 programs (B = 11), then 16
-    assert [pick_wide_tile(b, 12, 128, per_channel_decay=True) for b in (1, 2, 4, 8, 11, 12, 16, 32, 128)] == [4] * 5 + [16] * 4
+    # decode (T = 1), KDA (per-channel gate, 12 heads): 4 columns up to 32 x 132 programs (B = 11), 16 below
+    # 48 x 132 (B = 12-16), 4 again from there (B >= 17)
+    assert [pick_wide_tile(b, 12, 128, per_channel_decay=True) for b in (1, 2, 4, 8, 11, 12, 16, 17, 32, 128)] == (
+        [4] * 5 + [16] * 2 + [4] * 3)
     # decode, GDN (per-head gate, 48 value heads): 4 columns at every batch
     assert [pick_wide_tile(b, 48, 128) for b in (1, 8, 32, 256)] == [4, 4, 4, 4]
     # plain verify windows: 16 halved (to 4; KDA to 2) to fill 8 waves of 132 SMs

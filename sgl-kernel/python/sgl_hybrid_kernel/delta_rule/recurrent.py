@@ -34,7 +34,8 @@ class ValueTileTuning:
     ``num_compute_units`` SMs / CUs and ``waves``: decode narrows the tile until
     ``B * HV * V / BV`` programs fill ``waves`` waves of the device. ``narrow_decode_per_cu``:
     decode on the V-major pool with a per-channel gate (KDA) keeps 4-column one-warp programs
-    while there are at most this many per compute unit, and plain verify windows narrow theirs
+    while there are at most this many per compute unit, and takes them again from
+    ``narrow_decode_large_per_cu`` per compute unit; plain verify windows narrow theirs
     until ``verify_waves`` waves (:func:`pick_wide_tile`). ``lanes_per_cu``: plain verify windows
     take the lanes kernel (:func:`pick_lanes_tile`) once its grid has at least this many programs
     per compute unit, GDN's all-modes windows from ``lanes_all_modes_per_cu``; GDN's plain verify windows
@@ -62,6 +63,7 @@ class ValueTileTuning:
     prepped_per_cu: int = 12
     prepped_wide_min_per_cu: int = 9
     prepped_wide_large_per_cu: int = 128
+    narrow_decode_large_per_cu: int = 48
 
 
 # Tuned tables, keyed by (arch, compute units): a table measured on one part
@@ -707,13 +709,19 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
 
     * Decode (``tokens == 1``), V-major: 4 columns with a per-head gate (GDN) at every batch, and
       with a per-channel gate (KDA) while ``B * HV * V / 4`` programs are at most
-      ``tuning.narrow_decode_per_cu`` per compute unit, then 16. A 4-column program re-reads its
-      token's q, k (and KDA's per-channel gate input) for a quarter of the state rows of a
-      16-column one, which pays while the grid is small (more programs in flight per SM hide the
-      state load) and costs once it is full. H200, 2026-11-30 (``2026-11-30-h200-decode_verify_tiles.json``,
+      ``tuning.narrow_decode_per_cu`` per compute unit or at least ``tuning.narrow_decode_large_per_cu``,
+      16 in between. A 4-column program re-reads its token's q, k (and KDA's per-channel gate input)
+      for a quarter of the state rows of a 16-column one, which pays while the grid is small (more
+      programs in flight per SM hide the state load). H200, 2026-11-30 (``2026-11-30-h200-decode_verify_tiles.json``,
       graph replay, states from HBM): KDA (12 heads) B = 2 / 4 / 8: 2.83 / 3.71 / 5.52 us vs
       3.42 / 3.88 / 5.84 with the earlier rule; GDN (48 value heads) B = 1 / 2 / 8: 3.26 / 5.42 /
       15.08 vs 3.46 / 5.86 / 15.50 (B = 4: 9.01 vs 8.90, the one batch where 16 columns won).
+      16 columns win only while their grid fits one wave (about 12 programs per SM); past that, 4 columns
+      win again: H200, Triton 3.8, 2026-12-03 (``2026-12-03-h200-kda_decode_tiles*.json``, two processes each), KDA
+      B = 12 / 16 / 17 / 19 / 21 / 24 / 32 / 64 / 128 / 256 at 4 vs 16 columns: 6.88-6.92 / 8.66-8.67 / 9.14-9.21 /
+      9.90-10.01 / 10.73-10.84 / 11.79-11.81 / 15.02-15.10 / 28.03-28.09 / 53.33-53.51 / 104.80-104.99 vs
+      6.87-6.88 / 8.20-8.22 / 10.06-10.16 / 10.96-11.07 / 11.65-11.78 / 12.46-12.47 / 15.21-15.34 / 28.56-28.65 /
+      53.96-54.08 / 105.16-105.92 us (12 heads: 16 columns for B = 12-16, 4 from 17).
     * Plain verify windows (``tokens > 1``), V-major: 16 columns, halved (to 4 at least; 2 for KDA) while
       ``B * HV * V / BV`` programs fall short of ``tuning.verify_waves`` waves: each token's
       dependent chain is long, so the grid needs more programs in flight than decode's.
@@ -755,7 +763,8 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
         return min(8, triton.next_power_of_2(head_v_dim))
     if tokens == 1 and state_layout == "vk" and head_v_dim >= 4:
         narrow = batch * num_v_heads * triton.cdiv(head_v_dim, 4)
-        if not per_channel_decay or narrow <= tuning.narrow_decode_per_cu * tuning.num_compute_units:
+        if (not per_channel_decay or narrow <= tuning.narrow_decode_per_cu * tuning.num_compute_units
+                or narrow >= tuning.narrow_decode_large_per_cu * tuning.num_compute_units):
             return 4
     waves = tuning.verify_waves if (tokens > 1 and state_layout == "vk") else tuning.waves
     floor = 8 if state_layout == "kv" else (2 if tokens > 1 and per_channel_decay and not xred else 4)
