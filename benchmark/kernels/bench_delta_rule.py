@@ -1494,12 +1494,15 @@ def bench_copy_sizes(results, ceiling):
             row[key.replace("_us", "_frac_ceiling")] = row["bytes_moved"] / (row[key] * 1e-6) / 1e12 / ceiling
         if tag == "kda":  # the floor kernel's shape, out of place, and the decode's cache hints
             other = torch.empty_like(pool)
-            for blk, nw in ((512, 1), (1024, 1), (2048, 1), (1024, 2), (2048, 4), (4096, 4), (8192, 8), (16384, 8)):
+            for blk, nw in ((512, 1), (1024, 1), (2048, 1), (1024, 2), (512, 4), (1024, 4), (2048, 4), (4096, 4), (1024, 8),
+                            (8192, 8), (16384, 8)):
                 row[f"random_b{blk}_w{nw}_us"] = _state_copy_us(pool, rnd, blk, nw)
+            row["adjacent_b1024_w4_us"] = _state_copy_us(pool, adj, 1024, 4)
             row["random_hints_us"] = _state_copy_us(pool, rnd, hints=True)
             row["random_out_of_place_us"] = _state_copy_us(pool, rnd, dst=other)
             del other
-            print("   ", {k: round(v, 2) for k, v in row.items() if k.startswith("random_") and k.endswith("_us")}, flush=True)
+            print("   ", {k: round(v, 2) for k, v in row.items() if k.startswith(("random_", "adjacent_b")) and k.endswith("_us")},
+                  flush=True)
         rows.append(row)
         print(f"== in-place floor copy {tag} B={B}: adjacent slots {row['adjacent_slots_us']:.2f} us "
               f"({100 * row['adjacent_slots_frac_ceiling']:.1f} %), random slots {row['random_slots_us']:.2f} us "
