@@ -185,12 +185,31 @@ def _around_dispatcher_init(original, self, decode_backend, prefill_backend, ver
                       "--linear-attn-*-backend sgl_hybrid" if kernel is ours else "upstream's choice", log=logger)
 
 
+VERIFY_FLAG = "--linear-attn-verify-backend"
+
+
+def _add_verify_choice(result, parser, *args, **kwargs):
+    """AFTER ``ServerArgs.add_cli_args``: ``sgl_hybrid`` as a ``--linear-attn-verify-backend`` choice too.
+
+    Upstream's public ``add_linear_attn_kernel_backend_choices`` extends the list that the backend,
+    decode and prefill flags share, but the verify flag's choices are a copy made at import
+    (that list plus ``nv_cutedsl``), so without this the documented ``--linear-attn-verify-backend
+    sgl_hybrid`` was refused by the argument parser.
+    """
+    action = parser._option_string_actions.get(VERIFY_FLAG)
+    if action is not None and action.choices is not None and BACKEND_NAME not in action.choices:
+        action.choices.append(BACKEND_NAME)
+    return result
+
+
 def install() -> None:
-    """Register ``sgl_hybrid`` as a ``--linear-attn-*-backend`` choice and hook the KDA dispatcher."""
+    """Register ``sgl_hybrid`` as a ``--linear-attn-*-backend`` choice (the verify flag's through
+    :func:`_add_verify_choice`) and hook the KDA dispatcher."""
     from sglang.srt.arg_groups.choices import LINEAR_ATTN_KERNEL_BACKEND_CHOICES, add_linear_attn_kernel_backend_choices
 
     if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
         add_linear_attn_kernel_backend_choices([BACKEND_NAME])
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_verify_choice, HookType.AFTER)
     HookRegistry.register(
         "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__", _around_dispatcher_init, HookType.AROUND
     )

@@ -1,8 +1,10 @@
-"""The cache flags through the real plugin loader and upstream's argument parsing (one subprocess):
+"""The plugin's flags through the real plugin loader and upstream's argument parsing (one subprocess):
 ``--radix-cache-backend`` names checked when the arguments are parsed (upstream finds out only when the
 scheduler builds its cache, after the model has loaded), its help text naming our two backends, the
-size flags' errors, and the plugin's ``ServerArgs.from_cli_args`` hooks no longer stacking AROUND hooks
-(upstream warns on every launch when more than one wraps the same target)."""
+cache size flags' errors, ``sgl_hybrid`` accepted by ``--linear-attn-verify-backend`` (whose choices
+upstream copies at import, so the public registration alone missed it), and the plugin's
+``ServerArgs.from_cli_args`` hooks no longer stacking AROUND hooks (upstream warns on every launch when
+more than one wraps the same target)."""
 
 import json
 import os
@@ -32,6 +34,13 @@ CODE = textwrap.dedent(
             out[name] = str(exc)
     for name in ("hybrid", "upstream"):
         out[name] = prepare_server_args(base + ["--radix-cache-backend", name]).radix_cache_backend
+    for flag in ("--linear-attn-backend", "--linear-attn-decode-backend", "--linear-attn-prefill-backend",
+                 "--linear-attn-verify-backend"):
+        try:
+            args = prepare_server_args(base + [flag, "sgl_hybrid"])
+            out[flag] = getattr(args, flag[2:].replace("-", "_"))
+        except SystemExit:
+            out[flag] = "refused by the parser"
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     out["help"] = next(a.help for a in parser._actions if "--radix-cache-backend" in a.option_strings)
@@ -41,7 +50,7 @@ CODE = textwrap.dedent(
 )
 
 
-def test_cache_flags_checked_at_parse_time_with_help_and_single_around_hooks():
+def test_plugin_flags_through_upstream_parser():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     res = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=300)
@@ -53,4 +62,7 @@ def test_cache_flags_checked_at_parse_time_with_help_and_single_around_hooks():
     assert "--hybrid-device-cache-gb must be > 0, got 0.0" in out["device_zero"], out["device_zero"]
     assert (out["hybrid"], out["upstream"]) == ("hybrid", "upstream")
     assert "'hybrid'" in out["help"] and "'upstream'" in out["help"], out["help"]
+    for flag in ("--linear-attn-backend", "--linear-attn-decode-backend", "--linear-attn-prefill-backend",
+                 "--linear-attn-verify-backend"):
+        assert out[flag] == "sgl_hybrid", (flag, out[flag])
     assert "Multiple AROUND hooks on 'sglang.srt.server_args.ServerArgs.from_cli_args'" not in out["log"] + res.stderr
