@@ -182,7 +182,8 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
     b128 = lanes + [("wide", 8, 1, None, False)] * 2
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool.transpose(-1, -2), idx, 1, "kda", -5.0,
                                  state_layout="kv")
-    assert calls == (plain + modes + narrow + b32 + narrow + b128 + narrow + [("wide", 16, 1, None, True)]
+    # the B=128 decode: 4 columns (16 only for B = 12-16 at 12 heads, pick_wide_tile)
+    assert calls == (plain + modes + narrow + b32 + narrow + b128 + narrow + [("wide", 4, 1, None, True)]
                      + [("narrow", 64, 4, True, None)])
 
 
