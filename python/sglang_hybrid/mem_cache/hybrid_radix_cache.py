@@ -404,7 +404,6 @@ class HybridRadixCache(UnifiedRadixCache):
         self.serving = serving
         self._prom = _PromCounters() if serving and getattr(params, "enable_metrics", False) else None
         self.chunked_prefill_size = chunked_prefill_size
-        self.host_hits_by_rid: Dict[str, int] = {}
         self.metrics = CacheMetrics()
         self._hash_cache: Dict[int, Tuple[int, bytes]] = {}
         self.kind_stored: Dict[str, int] = {}
@@ -628,10 +627,6 @@ class HybridRadixCache(UnifiedRadixCache):
             # and every restored token would be reported as a device hit. serving._report_host_hits
             # moves these tokens to the host share after that split.
             params.req._sglang_hybrid_host_hit_tokens = host_tokens
-        if rid is not None:
-            self.host_hits_by_rid[rid] = host_tokens
-            if len(self.host_hits_by_rid) > 4096:
-                self.host_hits_by_rid.pop(next(iter(self.host_hits_by_rid)))
         if resume > 0:
             self.note_resume(res.last_device_node)
         logger.info(
