@@ -8,8 +8,19 @@ score_norm, out_norm, write_bank_row)`` (score -> softmax -> mix -> RMSNorm) and
 residual add; returns ``(normed, prefix)``). AROUND hooks on both send GPU/ROCm
 calls inside our contract to ``sgl_hybrid_kernel.attn_res`` (:func:`aggregate`):
 hidden size <= 16384, <= 16 bank rows, both norms plain ``RMSNorm`` with the same
-epsilon, a bias-free unquantized ``[1, D]`` score projection. CPU and everything
-else run upstream's functions unchanged.
+epsilon, a bias-free unquantized ``[1, D]`` score projection. A read with every
+bank row valid (``nvb == bank rows``: the final read of every Kimi K3 stack, whose
+bank holds ``ceil(layers / attn_res_block_size)`` rows) is inside the contract
+unless it also writes a row.
+
+A GPU call outside our contract goes to upstream's functions only where upstream
+computes its shape: upstream's Triton score/combine pair (``_mix_fused``, the
+path off SM100's TMA kernel and ROCm's single kernel) tiles the hidden size by
+``attn_residual._BLOCK_H = 1024`` with no tail, so at any other hidden size it
+launches ``H // 1024 = 0`` combine programs and returns ``torch.empty_like``
+memory (``aggregate_stream`` guards this, ``_aggregate`` does not). Such calls run
+upstream's eager reference ``aggregate_stream_torch`` and the output norm module
+instead. CPU calls run upstream's functions unchanged.
 """
 
 from __future__ import annotations
@@ -63,32 +74,65 @@ def aggregate(prefix: Optional[torch.Tensor], addend: torch.Tensor, bank: torch.
     return fn(prefix, addend, bank, nvb, *got, write_bank_row)
 
 
-def _ours(x: torch.Tensor, bank, nvb, score_proj, score_norm, out_norm) -> bool:
+def _upstream_covers(hidden: int, nvb: int) -> bool:
+    """Whether upstream's ``_aggregate`` computes a GPU read at this hidden size (module docstring)."""
+    from sglang.srt.layers import attn_residual as up
+
+    return hidden % up._BLOCK_H == 0 or up._use_hip_fused(hidden, nvb)
+
+
+def _eager(prefix: Optional[torch.Tensor], addend: torch.Tensor, bank: torch.Tensor, nvb: int, score_proj, score_norm,
+           out_norm, write_bank_row: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's eager read: ``(out_norm(aggregate_stream_torch(head, ...)), head)``, ``head = prefix + addend``."""
+    from sglang.srt.layers.attn_residual import aggregate_stream_torch
+
+    head = addend if prefix is None else prefix + addend
+    normed = out_norm(aggregate_stream_torch(head, bank, nvb, score_proj, score_norm))
+    if write_bank_row:
+        bank[:, nvb].copy_(head)
+    return normed, head
+
+
+def _route(x: torch.Tensor, bank, nvb, score_proj, score_norm, out_norm, write_bank_row: bool = False) -> str:
+    """``"ours"``, ``"upstream"`` or ``"eager"`` (upstream's eager reference) for one read."""
     if device_kind(x) == "cpu":
-        return False
-    why = "empty batch" if x.shape[0] == 0 else (_why_not_triton(x, bank) or None)
-    if why is None and nvb >= bank.shape[1]:
-        why = f"nvb={nvb} outside a bank of {bank.shape[1]}"
+        return "upstream"
+    if x.shape[0] == 0:
+        return "upstream"  # upstream returns the empty input before any kernel
+    why = _why_not_triton(x, bank) or None
+    if why is None and not (0 <= nvb <= bank.shape[1] and not (write_bank_row and nvb >= bank.shape[1])):
+        why = f"nvb={nvb} outside a bank of {bank.shape[1]} rows (write_bank_row={write_bank_row})"
     if why is None:
         got = _weights(score_proj, score_norm, out_norm, x.shape[-1])
         why = got if isinstance(got, str) else None
-    if why:
+    if why is None:
+        record_choice("attn_res_hook", "sgl_hybrid", "upstream attn_residual._aggregate -> attn_res_rmsnorm_kernel", log=logger)
+        return "ours"
+    if _upstream_covers(x.shape[-1], nvb):
         record_choice("attn_res_hook", "upstream", why, log=logger)
-        return False
-    record_choice("attn_res_hook", "sgl_hybrid", "upstream attn_residual._aggregate -> attn_res_rmsnorm_kernel", log=logger)
-    return True
+        return "upstream"
+    record_choice("attn_res_hook", "upstream_eager",
+                  f"{why}; upstream's Triton aggregation does not cover hidden size {x.shape[-1]} "
+                  "(not a multiple of 1024): aggregate_stream_torch + out_norm", log=logger)
+    return "eager"
 
 
 def _around_aggregate(original, prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row=False, **kw):
-    if kw or not _ours(prefix_sum, bank, nvb, score_proj, score_norm, out_norm):
+    route = "upstream" if kw else _route(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)
+    if route == "upstream":
         return original(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row=write_bank_row, **kw)
+    if route == "eager":
+        return _eager(None, prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)[0]
     return aggregate(None, prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)[0]
 
 
 def _around_aggregate_fused_add(original, prefix_a, prefix_b, bank, nvb, score_proj, score_norm, out_norm,
                                 write_bank_row=False, **kw):
-    if kw or not _ours(prefix_a, bank, nvb, score_proj, score_norm, out_norm):
+    route = "upstream" if kw else _route(prefix_a, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)
+    if route == "upstream":
         return original(prefix_a, prefix_b, bank, nvb, score_proj, score_norm, out_norm, write_bank_row=write_bank_row, **kw)
+    if route == "eager":
+        return _eager(prefix_a, prefix_b, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)
     return aggregate(prefix_a, prefix_b, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)
 
 
