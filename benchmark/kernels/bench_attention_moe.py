@@ -114,7 +114,7 @@ def sec_correctness():
             lse = torch.full((B, H), float("nan"), device=DEV)
             hb, rows = choose_tile(H, 1)
             mla_attention_paged_triton(q, cache.to(BF16), pt, kv_lens, 0.07, ps, num_splits=splits, out=o, lse_out=lse,
-                                       **default_tile("cuda", rows))
+                                       **default_tile("cuda", rows, R))
             ok = kv_lens > 0
             worst[f"h{H}_s{splits}"] = (rel(o[ok], ref[0][ok]), float((lse[ok] - ref[1][ok]).abs().max()),
                                         bool(torch.equal(o[~ok].float(), torch.zeros_like(o[~ok].float()))))
@@ -124,7 +124,7 @@ def sec_correctness():
     fp8 = (cache / scale).to(torch.float8_e4m3fn)
     ref8 = mla_attention_paged_reference(q.float(), fp8.float(), pt, kv_lens, 0.07, ps, kv_scale=scale)
     o8, l8 = mla_attention_paged_triton(q, fp8, pt, kv_lens, 0.07, ps, kv_scale=scale, num_splits=4,
-                                        **default_tile("cuda", 16, kv_fp8=True))
+                                        **default_tile("cuda", 16, R, kv_fp8=True))
     ok = kv_lens > 0
     out["mla_decode_fp8_rel_err"] = rel(o8[ok], ref8[0][ok])
     qo = torch.tensor([0, 1, 40, 41, 41, 170], device=DEV, dtype=torch.int32)  # new rows per request (<= kv_lens)
@@ -132,7 +132,7 @@ def sec_correctness():
     lens_e = torch.tensor([1, 700, 3000, 0, 129], device=DEV, dtype=torch.int32)
     refe = mla_attention_paged_reference(qe.float(), cache.to(BF16).float(), pt, lens_e, 0.07, ps, qo)
     oe, le = mla_attention_paged_triton(qe, cache.to(BF16), pt, lens_e, 0.07, ps, qo, max_seqlen_q=129, num_splits=2,
-                                        **default_tile("cuda", 64))
+                                        **default_tile("cuda", 64, R))
     out["mla_extend_rel_err"] = rel(oe, refe[0])
     # DCP merge with empty shards
     o_parts = torch.randn(8, 64, 12, R, device=DEV)
@@ -223,7 +223,7 @@ def sec_mla(ceiling, sweep):
         bytes_ = B * L * (R + P) * 2
         roof_us = bytes_ / (ceiling * 1e12) * 1e6
         auto = choose_num_splits(B, H, L)
-        tile = default_tile("cuda", 16)
+        tile = default_tile("cuda", 16, R)
         ws = (torch.empty(B, H, 128, R, device=DEV), torch.empty(B, H, 128, device=DEV))
 
         def run(splits, **kw):
@@ -263,7 +263,7 @@ def sec_mla(ceiling, sweep):
                         sw[key] = run(s_, block_n=bn, num_warps=w, num_stages=st)
                     except Exception as exc:  # a tile that does not fit is reported, not fatal
                         sw[key] = f"{type(exc).__name__}: {str(exc)[:100]}"
-            sw["cdna_tile"] = run(auto, **default_tile("rocm", 16))
+            sw["cdna_tile"] = run(auto, **default_tile("rocm", 16, R))
             try:
                 sw[f"splits{auto}_bn32_w4_st2_valuecols128"] = run(auto, block_n=32, num_warps=4, num_stages=2, value_cols=128)
             except Exception as exc:
@@ -284,7 +284,7 @@ def sec_mla(ceiling, sweep):
     auto = choose_num_splits(B, H, L)
 
     def run8(splits, **kw):
-        t = dict(default_tile("cuda", 16, kv_fp8=True))
+        t = dict(default_tile("cuda", 16, R, kv_fp8=True))
         t.update(kw)
         return graph_time_us(lambda r: mla_attention_paged_triton(q, pool, tables[r], kv_lens, 0.07, 1, kv_scale=0.01,
                                                                   num_splits=splits, out=o, lse_out=lse, **t), 2)

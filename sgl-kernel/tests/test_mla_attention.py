@@ -173,3 +173,72 @@ def test_dispatch_on_cpu_uses_reference_and_logs_it():
     assert reasons["mla_decode"][0] == "torch" and "CPU" in reasons["mla_decode"][1]
     with pytest.raises(ValueError, match="q must be"):
         mla_decode(q[0], cache, pt, torch.tensor([6, 2]), 0.5)
+
+
+def test_default_tile_fits_the_latent_rank():
+    """Chunk / columns capped at ``R`` (they must divide it): Kimi K3's R = 512 keeps the swept tiles, the boot
+    gate's R = 128 and the tiny Kimi K3's R = 64 get one chunk / one value program (were 512 -> ValueError)."""
+    from sgl_hybrid_kernel.mla.attention import default_tile
+
+    assert default_tile("cuda", 16, 512) == dict(block_n=64, score_chunk=512, value_cols=512, num_warps=8, num_stages=2)
+    assert default_tile("cuda", 16, 512, True) == dict(block_n=32, score_chunk=512, value_cols=512, num_warps=4, num_stages=2)
+    assert default_tile("rocm", 16, 512) == dict(block_n=16, score_chunk=64, value_cols=128, num_warps=4, num_stages=2)
+    assert default_tile("cuda", 64, 512)["num_warps"] == 8
+    for R in (16, 64, 128, 256):
+        for platform, rows, fp8 in (("cuda", 16, False), ("cuda", 16, True), ("cuda", 64, False), ("rocm", 16, False)):
+            t = default_tile(platform, rows, R, fp8)
+            assert R % t["score_chunk"] == 0 and R % t["value_cols"] == 0, (R, platform, rows, t)
+    assert default_tile("cuda", 16, 64)["score_chunk"] == 64 and default_tile("cuda", 16, 128)["value_cols"] == 128
+    assert default_tile("rocm", 16, 128) == dict(block_n=16, score_chunk=64, value_cols=128, num_warps=4, num_stages=2)
+    for bad in (96, 0, True):
+        with pytest.raises(ValueError, match="power of two"):
+            default_tile("cuda", 16, bad)
+
+
+@pytest.mark.parametrize("R", [64, 128])
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_triton_at_the_default_tile_matches_reference_for_small_ranks(R, platform):
+    """Decode (4 heads: the 16-row tile) and a 5-row verify (the 64-row tile) at ``default_tile``'s tile for
+    ``R`` = 64 (tiny Kimi K3) / 128 (boot gate case): before the tile followed ``R`` the CUDA decode tile
+    (score_chunk 512) and, at R = 64, every tile (value_cols 128) raised ValueError."""
+    from sgl_hybrid_kernel.mla.attention import default_tile
+
+    gen = torch.Generator().manual_seed(R + len(platform))
+    P, H, lens = 16, 4, [21, 0, 9]
+    cache, pt = _paged_cache(lens, R + P, 4, gen, torch.float32)
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(3, H, R + P, generator=gen)
+    ref = mla_attention_paged_reference(q, cache, pt, kv_lens, 0.2, 4, kv_lora_rank=R)
+    _, rows = choose_tile(H, 1)
+    got = mla_attention_paged_triton(q, cache, pt, kv_lens, 0.2, 4, kv_lora_rank=R, num_splits=2,
+                                     **default_tile(platform, rows, R))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    qo = torch.tensor([0, 5, 5, 8], dtype=torch.int32)
+    qe = torch.randn(8, H, R + P, generator=gen)
+    ref_e = mla_attention_paged_reference(qe, cache, pt, kv_lens, 0.2, 4, qo, kv_lora_rank=R)
+    _, rows = choose_tile(H, 5)
+    got_e = mla_attention_paged_triton(qe, cache, pt, kv_lens, 0.2, 4, qo, max_seqlen_q=5, kv_lora_rank=R,
+                                       num_splits=1, **default_tile(platform, rows, R))
+    torch.testing.assert_close(got_e, ref_e, rtol=1e-5, atol=1e-5)
+
+
+def test_boot_gate_with_the_cuda_tile_passes(monkeypatch):
+    """The MLA boot gates (``mla/ops.py``: an R = 128 case beside Kimi K3's 512) with the tile the dispatcher
+    picks on CUDA, run in the interpreter: the gate raised ValueError at R = 128 on the H200."""
+    from sgl_hybrid_kernel.mla import ops
+
+    monkeypatch.setattr(ops, "device_kind", lambda t: "cuda")
+    for gate in (ops.gate_mla_decode, ops.gate_mla_extend):
+        res = gate("triton", "cpu")
+        assert res.max_abs_err <= res.tolerance, res
+
+
+def test_fp32_mla_is_not_tf32_on_sm90_and_bf16_keeps_the_tensor_cores():
+    """The MLA boot gates also run FP32 at 1e-4: no TF32 MMA in the sm_90 PTX of the decode (512-deep and
+    chunked) and tiny (R = 64) tiles at FP32; BF16 still runs MMA / WGMMA. The tiny config also compiles."""
+    from test_qsa_attention import sm90_dot_report
+
+    report = sm90_dot_report(["mla_decode_h12_cuda", "mla_verify_t5_h12", "mla_decode_tiny_r64_cuda"])
+    for name, by_dtype in report.items():
+        assert by_dtype["fp32"] == [False, 0], (name, by_dtype)
+        assert by_dtype["bf16"][1] > 0 and not by_dtype["bf16"][0], (name, by_dtype)

@@ -126,3 +126,37 @@ def test_split_partitions_with_empty_ones_and_an_empty_row_match_reference():
                                    **merge)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
         assert torch.equal(got[0][12], torch.zeros(HQ, DV)) and torch.isneginf(got[1][12]).all()
+
+
+def sm90_dot_report(configs) -> dict:
+    """``{config: {dtype: (tf32 in the PTX, MMA / WGMMA instructions)}}`` of compile-gate configs cross-compiled
+    for sm_90 with BF16 and with FP32 activations (a subprocess: conftest makes this process interpret kernels)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, re, sys\n"
+        "from sgl_hybrid_kernel.compile_gate import compiled_asm\n"
+        "out = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    out[name] = {}\n"
+        "    for dt in ('bf16', 'fp32'):\n"
+        "        ptx = compiled_asm(name, 'sm90', activation=dt)['ptx']\n"
+        "        out[name][dt] = ('tf32' in ptx, len(re.findall(r'\\b(?:wgmma|mma)\\.', ptx)))\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code, *configs], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_fp32_qsa_is_not_tf32_on_sm90_and_bf16_keeps_the_tensor_cores():
+    """FP32 QSA (the boot gate's dtype, tolerance 1e-4) compiled for sm_90: no TF32 MMA in the PTX (TF32 was
+    2e-3 off on the H200), FP32 products instead; BF16 (serving) still runs MMA / WGMMA."""
+    report = sm90_dot_report(["qsa_dense_t5_cuda", "qsa_sparse_cuda"])
+    for name, by_dtype in report.items():
+        assert by_dtype["fp32"] == [False, 0], (name, by_dtype)
+        assert by_dtype["bf16"][1] > 0 and not by_dtype["bf16"][0], (name, by_dtype)

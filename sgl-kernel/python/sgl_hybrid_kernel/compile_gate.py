@@ -184,11 +184,19 @@ def shuffle_layout_error(ttgir: str) -> Optional[str]:
     return None
 
 
-def compiled_asm(config_name: str, target: str = "sm90") -> Dict[str, str]:
+def compiled_asm(config_name: str, target: str = "sm90", activation: Optional[str] = None) -> Dict[str, str]:
     """The compiled kernel's ``asm`` dict (``ttgir``, ``ptx`` / ``amdgcn``, ...) of the config named
-    ``config_name`` (for tests of what Triton made of a kernel)."""
+    ``config_name`` (for tests of what Triton made of a kernel). ``activation`` (e.g. ``"fp32"``): its
+    BF16 pointers retyped to that dtype, as the FP32 boot gates launch the kernel."""
+    import dataclasses
+
     named = [c for c in kernel_configs() if c.name == config_name]  # one per target group for some rows
-    compiled = _compile(next((c for c in named if target in c.targets), named[0]), target)
+    cfg = next((c for c in named if target in c.targets), named[0])
+    if activation is not None:
+        retype = lambda t: "*" + activation if t == "*bf16" else t  # noqa: E731
+        sig = {p: retype(t) for p, t in _signature(cfg).items()}
+        cfg = dataclasses.replace(cfg, signature=sig, activation_dtype=activation)
+    compiled = _compile(cfg, target)
     return {k: v for k, v in compiled.asm.items() if isinstance(v, str)}
 
 
@@ -490,6 +498,7 @@ def attention_moe_configs() -> List[KernelConfig]:
     512 experts top 10 + shared). CUDA-only tiles are gated on sm_90, ROCm tiles on gfx942 / gfx950."""
     from sgl_hybrid_kernel.attn_res.triton_attn_res import attn_res_rmsnorm_kernel
     from sgl_hybrid_kernel.dcp.triton_merge import merge_partials_kernel
+    from sgl_hybrid_kernel.mla.attention import default_tile
     from sgl_hybrid_kernel.mla.triton_attention import mla_split_kv_kernel
     from sgl_hybrid_kernel.moe.triton_routing import moe_gating_topk_kernel, moe_sorted_layout_kernel
     from sgl_hybrid_kernel.qsa.triton_qsa import qsa_attention_kernel, qsa_merge_kernel
@@ -501,10 +510,16 @@ def attention_moe_configs() -> List[KernelConfig]:
     def mla_sig(kv):
         return {"q_ptr": bf16, "kv_ptr": kv, "part_ptr": f32, "part_lse_ptr": f32, "sm_scale": "fp32", "kv_scale": "fp32", **idx}
 
+    def mla_tile(platform, rows, R, fp8=False):  # mla.attention.default_tile as the kernel's constexprs
+        t = default_tile(platform, rows, R, fp8)
+        return dict(BLOCK_N=t["block_n"], RC=t["score_chunk"], RV=t["value_cols"])
+
     mla = dict(R=512, P=64, PAGE_SIZE=1, CAUSAL=True)  # CAUSAL=False (DCP prefix shards) only drops the mask
-    cuda_tile = dict(BLOCK_N=64, RC=512, RV=512)  # mla.attention.default_tile("cuda", rows <= 16)
+    cuda_tile = mla_tile("cuda", 16, 512)  # BLOCK_N 64, RC = RV = 512
     hopper_smem = HOPPER_SMEM  # the 16-row Hopper tile runs one program per SM
-    cdna_tile = dict(BLOCK_N=16, RC=64, RV=128)  # default_tile("rocm", ...) and rows > 32 everywhere
+    cdna_tile = mla_tile("rocm", 16, 512)  # BLOCK_N 16, RC 64, RV 128; also CUDA above 16 rows
+    # the tiny Kimi K3 (tools/make_tiny_model.py: 4 heads, latent 64 + rope 16) at the Hopper decode tile
+    tiny_mla = dict(R=64, P=16, PAGE_SIZE=1, CAUSAL=True, HB=4, BLOCK_M=16, **mla_tile("cuda", 16, 64))
     route_sig = {"logits_ptr": f32, "bias_ptr": f32, "weights_ptr": f32, "ids_ptr": i32,
                  "routed_scaling_factor": "fp32", "shared_weight": "fp32"}
     layout_sig = {"bits_ptr": "*i64", **{k: i32 for k in ("ids_ptr", "sorted_ids_ptr", "block_expert_ptr", "num_rows_ptr", "scratch_ptr")}}
@@ -524,8 +539,9 @@ def attention_moe_configs() -> List[KernelConfig]:
           signature={"part_ptr": f32, "part_lse_ptr": f32, "out_ptr": bf16, "lse_out_ptr": f32}),
         K("mla_decode_h12_cuda", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cuda_tile), num_warps=8,
           targets=("sm90",), lds_budget=hopper_smem, signature=mla_sig(bf16)),
-        K("mla_decode_h12_fp8_cuda", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, BLOCK_N=32, RC=512, RV=512),
+        K("mla_decode_h12_fp8_cuda", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **mla_tile("cuda", 16, 512, True)),
           targets=("sm90",), signature=mla_sig("*fp8e4nv")),
+        K("mla_decode_tiny_r64_cuda", mla_split_kv_kernel, tiny_mla, num_warps=8, targets=("sm90",), signature=mla_sig(bf16)),
         K("mla_decode_h12_cdna", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cdna_tile), signature=mla_sig(bf16)),
         K("mla_decode_h12_fp8_gfx942", mla_split_kv_kernel, dict(**mla, HB=12, BLOCK_M=16, **cdna_tile),
           targets=("gfx942",), signature=mla_sig("*fp8e4b8")),

@@ -67,8 +67,8 @@ def choose_num_splits(
     return max(1, splits)
 
 
-def default_tile(platform: str, rows: int, kv_fp8: bool = False) -> Dict[str, int]:
-    """Launch tile for ``platform`` (``"cuda"`` / ``"rocm"``) and ``rows`` per program.
+def default_tile(platform: str, rows: int, kv_lora_rank: int, kv_fp8: bool = False) -> Dict[str, int]:
+    """Launch tile for ``platform`` (``"cuda"`` / ``"rocm"``), ``rows`` per program and latent rank ``R``.
 
     Each (platform, rows) pair the dispatchers can pick is a config of the compile
     gate (``compile_gate.attention_moe_configs``: no spill on sm_90 / gfx942 /
@@ -78,12 +78,27 @@ def default_tile(platform: str, rows: int, kv_fp8: bool = False) -> Dict[str, in
     16 rows): the score split into 64-column dots and the output into 128-column
     programs, which is what avoids spills there. An FP8 cache on Hopper: 32
     positions, 4 warps (its tile is converted in registers; fastest in the sweep).
+
+    ``score_chunk`` and ``value_cols`` are capped at ``kv_lora_rank`` (both are
+    powers of two, so the cap divides ``R``): R = 512 (Kimi K3) keeps the tiles
+    above; a smaller rank (R = 128 in the boot gate, 64 in the tiny Kimi K3) takes
+    the whole rank in one dot / one program, a smaller tile than the gated one.
+
+    Raises:
+        ValueError: ``kv_lora_rank`` not a power of two >= 1.
     """
+    R = kv_lora_rank
+    if isinstance(R, bool) or not isinstance(R, int) or R < 1 or R & (R - 1):
+        raise ValueError(f"kv_lora_rank must be a power of two >= 1, got {R!r}")
     if platform == "cuda" and rows <= 16 and kv_fp8:
-        return dict(block_n=32, score_chunk=512, value_cols=512, num_warps=4, num_stages=2)
-    if platform == "cuda" and rows <= 16:
-        return dict(block_n=64, score_chunk=512, value_cols=512, num_warps=8, num_stages=2)
-    return dict(block_n=16, score_chunk=64, value_cols=128, num_warps=4 if rows <= 32 else 8, num_stages=2)
+        tile = dict(block_n=32, score_chunk=512, value_cols=512, num_warps=4, num_stages=2)
+    elif platform == "cuda" and rows <= 16:
+        tile = dict(block_n=64, score_chunk=512, value_cols=512, num_warps=8, num_stages=2)
+    else:
+        tile = dict(block_n=16, score_chunk=64, value_cols=128, num_warps=4 if rows <= 32 else 8, num_stages=2)
+    tile["score_chunk"] = min(tile["score_chunk"], R)
+    tile["value_cols"] = min(tile["value_cols"], R)
+    return tile
 
 
 def mla_attention_paged_triton(

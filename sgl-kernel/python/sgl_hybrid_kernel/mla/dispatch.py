@@ -73,7 +73,7 @@ def _choose(op: str, q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int,
         record_choice(op, "torch", f"outside the Triton contract: {why}", log=logger)
         return "torch"
     hb, rows = choose_tile(H, tokens)
-    tile = default_tile(kind, rows, kv_cache.dtype in FP8_DTYPES)
+    tile = default_tile(kind, rows, kv_lora_rank, kv_cache.dtype in FP8_DTYPES)
     dev = device_platform(q.device)
     cus = f"{dev.arch} x {dev.num_compute_units} CUs" if dev.num_compute_units else "the device's CU count"
     record_choice(op, "triton", f"{kind}: mla_split_kv_kernel rows={rows} block_n={tile['block_n']} "
@@ -121,7 +121,7 @@ def mla_decode(
         hb, rows = choose_tile(q.shape[1], 1)
         return mla_attention_paged_triton(q, kv_cache, page_table, kv_lens, sm_scale, page_size, None, 1, kv_lora_rank,
                                           1.0 if kv_scale is None else kv_scale, num_splits, max_kv_len,
-                                          **default_tile(device_kind(q), rows, kv_cache.dtype in FP8_DTYPES))
+                                          **default_tile(device_kind(q), rows, kv_lora_rank, kv_cache.dtype in FP8_DTYPES))
     return mla_attention_paged_reference(q, kv_cache, page_table, kv_lens, sm_scale, page_size, None, kv_lora_rank,
                                          1.0 if kv_scale is None else kv_scale)
 
@@ -157,6 +157,6 @@ def mla_extend(
         hb, rows = choose_tile(q.shape[1], max_seqlen_q)
         return mla_attention_paged_triton(q, kv_cache, page_table, kv_lens, sm_scale, page_size, qo_indptr, max_seqlen_q,
                                           kv_lora_rank, scale, num_splits or 1,
-                                          **default_tile(device_kind(q), rows, kv_cache.dtype in FP8_DTYPES), causal=causal)
+                                          **default_tile(device_kind(q), rows, kv_lora_rank, kv_cache.dtype in FP8_DTYPES), causal=causal)
     return mla_attention_paged_reference(q, kv_cache, page_table, kv_lens, sm_scale, page_size, qo_indptr, kv_lora_rank, scale,
                                          causal)

@@ -112,7 +112,7 @@ def _run(op: str, impl: str, q, cache, table, kv, qo, max_T: int, sm_scale: floa
         from sgl_hybrid_kernel.mla.attention import choose_tile, default_tile, mla_attention_paged_triton
 
         _, rows = choose_tile(q.shape[1], max_T)
-        tile = default_tile(device_kind(q), rows, False)  # the dispatcher's tile for this device
+        tile = default_tile(device_kind(q), rows, R, False)  # the dispatcher's tile for this device
         if decode:
             return mla_attention_paged_triton(q, cache, table, kv, sm_scale, page_size, None, 1, R, **tile)
         return mla_attention_paged_triton(q, cache, table, kv, sm_scale, page_size, qo, max_T, R, **tile)

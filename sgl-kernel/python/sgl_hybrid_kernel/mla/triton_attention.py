@@ -15,7 +15,9 @@ It writes the partial output (normalised over the split's keys) and the split's
 natural-log LSE; an empty split writes ``(0, -inf)``. With ``NUM_SPLITS == 1`` the
 caller passes the final output and LSE as the "partials" (split stride 0) and
 no merge is launched. FP8 caches: tiles are converted to the query dtype for the
-dot products; the per-tensor ``kv_scale`` multiplies the scores and the output.
+dot products; the per-tensor ``kv_scale`` multiplies the scores and the output. FP32 inputs (the boot
+gates') are multiplied in FP32 (``input_precision="ieee"``, not Triton's TF32 default on CUDA, which is
+~1e-3 off against the gate's 1e-4); BF16 / FP16 inputs use the tensor cores as before.
 
 Source: DeepSeek-V2 (2024) absorbed MLA; split-KV ("flash decoding") and the
 LSE merge as in seeds digest item 8 (16 partitions for long single requests).
@@ -111,10 +113,10 @@ def mla_split_kv_kernel(
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
         kv_row = kv_ptr + slot * stride_kv
         kpe = tl.load(kv_row[:, None] + R + offs_p[None, :], mask=pvalid[:, None], other=0.0).to(q_pe.dtype)
-        s = tl.dot(q_pe, tl.trans(kpe))
+        s = tl.dot(q_pe, tl.trans(kpe), input_precision="ieee")
         if RC == R:
             c_all = tl.load(kv_row[:, None] + offs_r[None, :], mask=pvalid[:, None], other=0.0).to(q_pe.dtype)
-            s += tl.dot(q_lat, tl.trans(c_all))
+            s += tl.dot(q_lat, tl.trans(c_all), input_precision="ieee")
         else:
             # Score in R-chunks (query chunk re-read from L1): on CDNA a 512-deep
             # dot with 16-row operands keeps the whole depth per wave and spills.
@@ -122,7 +124,7 @@ def mla_split_kv_kernel(
             for k0 in tl.static_range(0, R, RC):
                 q_c = tl.load(q_row[:, None] + k0 + offs_c[None, :], mask=row_ok[:, None], other=0.0)
                 c_c = tl.load(kv_row[:, None] + k0 + offs_c[None, :], mask=pvalid[:, None], other=0.0).to(q_pe.dtype)
-                s += tl.dot(q_c, tl.trans(c_c))
+                s += tl.dot(q_c, tl.trans(c_c), input_precision="ieee")
         if RC == R and RV == R:
             c = c_all
         else:  # value columns of this program (a cache hit: the tile was just read)
@@ -135,7 +137,7 @@ def mla_split_kv_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
         m_i = m_new
 
     has = l_i > 0.0

@@ -17,7 +17,9 @@ One kernel, two walks (``SPARSE`` constexpr), grid ``(query groups, KV heads, sp
   in a second launch (``qsa_merge_kernel``: one ``[heads, partitions, DV]`` load per
   program, or ``dcp.triton_merge``); the sparse walk can split its selection list the same way.
 
-Online softmax in base 2, FP32 accumulators; ``(0, -inf)`` for a row that sees nothing.
+Online softmax in base 2, FP32 accumulators; ``(0, -inf)`` for a row that sees nothing. FP32 inputs
+are multiplied in FP32 (``input_precision="ieee"``: TF32, Triton's CUDA default, failed the 1e-4
+boot gate on the H200 at 2e-3); BF16 / FP16 inputs use the tensor cores (MMA / WGMMA) as before.
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ def qsa_attention_kernel(
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=pvalid[:, None], other=0.0)
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + offs_v[None, :], mask=pvalid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        # "ieee": FP32 operands (the boot gate's) as FP32 products, not TF32 (Triton's CUDA default, ~1e-3
+        # off against the gate's 1e-4); BF16 / FP16 operands take the tensor cores whatever the precision says
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
         visible = pvalid[None, :] & (pos[None, :] <= limit[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -134,7 +138,7 @@ def qsa_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
         m_i = m_new
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
