@@ -66,6 +66,16 @@ ANCHORS: List[Anchor] = [
         "sglang.srt.arg_groups.choices.add_linear_attn_kernel_backend_choices",
         "registers sgl_hybrid as a --linear-attn-*-backend choice",
     ),
+    Anchor(
+        "sglang.srt.arg_groups.overrides.supports_mamba_cache_extra_buffer",
+        "AROUND hook (kda_kernel.py): --linear-attn-backend sgl_hybrid counts as triton for the extra_buffer strategy",
+        snippet='return view.linear_attn_backend == "triton"',
+    ),
+    Anchor(
+        "sglang.srt.arg_groups.overrides._mamba_radix_cache_resolution",
+        "the auto mamba radix-cache strategy resolves through supports_mamba_cache_extra_buffer (hooked above)",
+        snippet="supports_mamba_cache_extra_buffer(\n            view, hf_config\n        )",
+    ),
     # Wiring of our GDN / KDA kernels (issue 4): layers/attention/gdn_kernel.py, kda_kernel.py.
     Anchor(
         "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.__init__",

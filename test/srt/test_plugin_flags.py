@@ -66,3 +66,50 @@ def test_plugin_flags_through_upstream_parser():
                  "--linear-attn-verify-backend"):
         assert out[flag] == "sgl_hybrid", (flag, out[flag])
     assert "Multiple AROUND hooks on 'sglang.srt.server_args.ServerArgs.from_cli_args'" not in out["log"] + res.stderr
+
+
+STRATEGY_CODE = textwrap.dedent(
+    """
+    import json, sys
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    out = {}
+    models = json.loads(sys.argv[1])
+    runs = {"base": ["--linear-attn-backend", "sgl_hybrid"],
+            "explicit": ["--linear-attn-backend", "sgl_hybrid", "--mamba-radix-cache-strategy", "extra_buffer"],
+            "per-mode": ["--linear-attn-decode-backend", "sgl_hybrid", "--linear-attn-prefill-backend", "sgl_hybrid"]}
+    for model, path in models.items():
+        for run, flags in runs.items():
+            try:
+                args = prepare_server_args(["--model-path", path, "--device", "cpu", *flags])
+                args.resolve_once()
+                view = resolving_view(args)
+                out[f"{model} {run}"] = [view.mamba_radix_cache_strategy, view.page_size, view.linear_attn_backend]
+            except (AssertionError, ValueError) as exc:
+                out[f"{model} {run}"] = f"{type(exc).__name__}: {exc}"
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_linear_attn_backend_sgl_hybrid_keeps_the_extra_buffer_strategy():
+    """``--linear-attn-backend sgl_hybrid`` as a user types it, resolved by upstream for both tiny models: the
+    mamba radix-cache strategy is ``extra_buffer`` as with the per-mode flags. Upstream allows it only for the
+    ``triton`` base backend, so it resolved to ``no_buffer`` (Kimi K3: no prefix hit on an exact repeat) and
+    Qwen3.8, paged by 64 for compressed QSA, failed "no_buffer only supports page_size=1"; an explicit
+    ``--mamba-radix-cache-strategy extra_buffer`` was refused ("extra_buffer is not supported")."""
+    from tiny_model import tiny_kimi_k3, tiny_qwen38
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    models = json.dumps({"kimi-k3": tiny_kimi_k3(), "qwen3.8": tiny_qwen38()})
+    res = subprocess.run([sys.executable, "-c", STRATEGY_CODE, models], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    for run in ("base", "explicit"):
+        assert out[f"kimi-k3 {run}"] == ["extra_buffer", 1, "sgl_hybrid"], out
+        assert out[f"qwen3.8 {run}"] == ["extra_buffer", 64, "sgl_hybrid"], out
+    assert out["kimi-k3 per-mode"] == ["extra_buffer", 1, "triton"] and out["qwen3.8 per-mode"][0] == "extra_buffer", out

@@ -202,14 +202,46 @@ def _add_verify_choice(result, parser, *args, **kwargs):
     return result
 
 
+EXTRA_BUFFER_CHECK = "sglang.srt.arg_groups.overrides.supports_mamba_cache_extra_buffer"
+
+
+class _BaseBackendAsTriton:
+    """Read view of the resolving server arguments in which ``linear_attn_backend`` reads ``"triton"``."""
+
+    def __init__(self, view):
+        self._view = view
+
+    def __getattr__(self, name):
+        return "triton" if name == "linear_attn_backend" else getattr(self._view, name)
+
+
+def _around_extra_buffer_check(original, view, hf_config, *args, **kwargs):
+    """AROUND upstream's ``supports_mamba_cache_extra_buffer``: ``--linear-attn-backend sgl_hybrid`` counts
+    as ``triton``.
+
+    Upstream allows the ``extra_buffer`` mamba radix-cache strategy only when the base linear-attention
+    backend is ``triton``; with ``sgl_hybrid`` the ``auto`` strategy resolved to ``no_buffer``, so Kimi K3
+    got no prefix hit on an exact repeat and Qwen3.8 (page 64, forced by compressed QSA) failed with
+    "no_buffer only supports page_size=1". Our KDA / GDN kernels write the track snapshots the strategy
+    needs (``supports_track_state_snapshot``), as the per-mode flags, which keep the base ``triton``,
+    already showed. The function is also the check of an explicit ``extra_buffer``
+    (``mamba_hook.validate_mamba_extra_buffer``; the hook registry rebinds that import too).
+    """
+    if getattr(view, "linear_attn_backend", None) == BACKEND_NAME:
+        view = _BaseBackendAsTriton(view)
+    return original(view, hf_config, *args, **kwargs)
+
+
 def install() -> None:
     """Register ``sgl_hybrid`` as a ``--linear-attn-*-backend`` choice (the verify flag's through
-    :func:`_add_verify_choice`) and hook the KDA dispatcher."""
+    :func:`_add_verify_choice`), let ``--linear-attn-backend sgl_hybrid`` keep the ``extra_buffer``
+    mamba cache strategy (:func:`_around_extra_buffer_check`) and hook the KDA dispatcher."""
     from sglang.srt.arg_groups.choices import LINEAR_ATTN_KERNEL_BACKEND_CHOICES, add_linear_attn_kernel_backend_choices
 
     if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
         add_linear_attn_kernel_backend_choices([BACKEND_NAME])
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_verify_choice, HookType.AFTER)
+    HookRegistry.register(EXTRA_BUFFER_CHECK, _around_extra_buffer_check, HookType.AROUND)
     HookRegistry.register(
         "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__", _around_dispatcher_init, HookType.AROUND
     )
