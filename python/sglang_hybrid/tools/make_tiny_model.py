@@ -1,6 +1,7 @@
 """Build a tiny random-weight checkpoint in upstream SGLang 0.5.23's schema.
 
     python -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3 --out DIR [--seed 0] [--vocab-size 32000]
+    python -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3-shaped --out DIR
     python -m sglang_hybrid.tools.make_tiny_model --arch qwen3.8-flash-next --out DIR
 
 Writes ``config.json``, ``model.safetensors`` with upstream's tensor names, and
@@ -9,6 +10,11 @@ files.
 
 * ``kimi-k3``: model type ``kimi_linear``, architecture
   ``KimiK3LinearForCausalLM`` (the fields of ``sglang/srt/configs/kimi_linear.py``).
+* ``kimi-k3-shaped``: the same schema with Kimi K3's per-rank attention geometry at
+  TP8 (MLA: 12 heads, ``kv_lora_rank`` 512, rope 64, nope 128, value 128; KDA: 12
+  heads of 128, the shapes upstream's fused KDA decode is compiled for), small
+  elsewhere: 4 layers (KDA, MLA, KDA, MLA), hidden 128, 8 experts, the 965-token
+  vocabulary. For upstream's GPU kernels, which do not take the tiny geometry.
 * ``qwen3.8-flash-next``: model type ``qwen4_exp`` with a nested ``text_config``
   (``qwen4_exp_text``), architecture ``Qwen4ExpForConditionalGeneration`` (the
   fields of ``sglang/srt/configs/qwen4_exp.py``): GDN + QSA layers, gated
@@ -29,7 +35,8 @@ import torch
 
 from sglang_hybrid.tools.tokenizer import BOS_TOKEN, EOS_TOKEN, write_tokenizer
 
-ARCHS = ("kimi-k3", "qwen3.8-flash-next")
+ARCHS = ("kimi-k3", "kimi-k3-shaped", "qwen3.8-flash-next")
+DEFAULT_LAYERS = {"kimi-k3": 8, "kimi-k3-shaped": 4, "qwen3.8-flash-next": 8}
 
 
 def kimi_k3_tiny_config(vocab_size: int, bos_id: int, eos_id: int, dtype: str, num_layers: int = 8) -> Dict:
@@ -95,6 +102,36 @@ def kimi_k3_tiny_config(vocab_size: int, bos_id: int, eos_id: int, dtype: str, n
         "attn_res_block_size": 3,
         "num_nextn_predict_layers": 0,
     }
+
+
+def kimi_k3_shaped_tiny_config(vocab_size: int, bos_id: int, eos_id: int, dtype: str, num_layers: int = 4) -> Dict:
+    """:func:`kimi_k3_tiny_config` with Kimi K3's attention geometry per TP8 rank, small elsewhere.
+
+    MLA: 12 heads (K3: 96, 12 per rank), ``kv_lora_rank`` 512 + rope 64 (576 cache values per
+    token, what upstream's Triton MLA decode and our ``mla_split_kv_kernel`` are tuned for),
+    nope 128, value 128. KDA: 12 heads of 128, so at TP1 upstream's fused KDA decode
+    (``KimiK3DeltaAttention._prepare_fused_decode``: conv ``[3 * 12 * 128, 4]``, ``A_log`` of 12,
+    ``dt_bias`` of 12 * 128, all FP32) takes the layers. Layers alternate KDA and MLA (K3: three
+    KDA per MLA) so that four layers hold two of each; layer 0 dense, the rest MoE (8 experts,
+    top 2, shared expert); hidden 128.
+    """
+    cfg = kimi_k3_tiny_config(vocab_size, bos_id, eos_id, dtype, num_layers)
+    cfg.update({
+        "num_attention_heads": 12,  # K3: 96 (12 per GPU at TP8)
+        "num_key_value_heads": 12,
+        "head_dim": 128,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+    })
+    cfg["linear_attn_config"].update({
+        "kda_layers": [i for i in range(1, num_layers + 1) if i % 2 == 1],
+        "full_attn_layers": [i for i in range(1, num_layers + 1) if i % 2 == 0],
+        "num_heads": 12,  # K3: 96 (12 per GPU at TP8)
+        "head_dim": 128,
+    })
+    return cfg
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -435,7 +472,7 @@ def build(
     out: str,
     seed: int = 0,
     dtype: str = "float32",
-    num_layers: int = 8,
+    num_layers: Optional[int] = None,
     vocab_size: Optional[int] = None,
 ) -> Dict:
     """Write the tiny checkpoint into ``out``; returns the config dict.
@@ -445,6 +482,7 @@ def build(
     LM-head rows grow to it (random rows, deterministic per seed); the tokenizer
     is unchanged, so ids from its size up are valid model inputs and outputs
     without text. Used to serve upstream kits that send token ids up to 31,999.
+    ``num_layers`` defaults to ``DEFAULT_LAYERS[arch]`` (8; 4 for ``kimi-k3-shaped``).
 
     Raises:
         ValueError: unknown ``arch`` or ``dtype``, ``num_layers`` < 1, or
@@ -456,13 +494,16 @@ def build(
         raise ValueError(f"--arch must be one of {ARCHS}, got {arch!r}")
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    if num_layers is None:
+        num_layers = DEFAULT_LAYERS[arch]
     if num_layers < 1:
         raise ValueError(f"--num-layers must be >= 1, got {num_layers}")
     os.makedirs(out, exist_ok=True)
     tok = write_tokenizer(out)
     if vocab_size is not None and vocab_size < tok["vocab_size"]:
         raise ValueError(f"--vocab-size must be >= the tokenizer's {tok['vocab_size']}, got {vocab_size}")
-    make_config = kimi_k3_tiny_config if arch == "kimi-k3" else qwen38_tiny_config
+    make_config = {"kimi-k3": kimi_k3_tiny_config, "kimi-k3-shaped": kimi_k3_shaped_tiny_config,
+                   "qwen3.8-flash-next": qwen38_tiny_config}[arch]
     cfg = make_config(vocab_size or tok["vocab_size"], tok[BOS_TOKEN], tok[EOS_TOKEN], dtype, num_layers)
     tdtype = getattr(torch, dtype)
     tensors = {}
@@ -491,7 +532,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--num-layers", type=int, default=8)
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="decoder layers (default: 8; 4 for kimi-k3-shaped, KDA and MLA alternating)")
     parser.add_argument(
         "--vocab-size", type=int, default=None,
         help="pad the model's vocabulary (embedding and LM-head rows) to this size; the tokenizer stays as is",

@@ -1,4 +1,4 @@
-"""The tiny Kimi K3 checkpoint shared by the server tests (built once per session)."""
+"""The tiny checkpoints shared by the server and model tests (built once per session)."""
 
 from __future__ import annotations
 
@@ -91,3 +91,14 @@ def _add_words(base: str, out: str, words, vocab_size: int) -> None:
         raise ValueError(f"words {words!r} must be new to the tokenizer and fit the vocabulary of {vocab_size}")
     tok.save(os.path.join(out, "tokenizer.json"))
     shutil.copy(os.path.join(base, "config.json"), os.path.join(out, "config.json"))
+
+
+def tiny_kimi_k3_shaped(seed: int = 0) -> str:
+    """Path of the tiny Kimi K3 with K3's attention geometry (``make_tiny_model --arch kimi-k3-shaped``:
+    MLA ``kv_lora_rank`` 512 + rope 64, nope / value 128, 12 heads; KDA 12 heads of 128; 4 layers,
+    hidden 128, 8 experts), for upstream's GPU kernels (built on first use; same seed -> same files)."""
+    out = os.path.join(_CACHE_DIR, f"kimi-k3-shaped-tiny-seed{seed}")
+    with build_lock(out):
+        if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
+            build("kimi-k3-shaped", out, seed=seed)
+    return out

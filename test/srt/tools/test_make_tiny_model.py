@@ -78,6 +78,43 @@ class TestMakeTinyModel(unittest.TestCase):
             build("kimi-k3", os.path.join(self.tmp.name, "x"), num_layers=0)
 
 
+class TestKimiK3ShapedVariant(unittest.TestCase):
+    """``--arch kimi-k3-shaped``: Kimi K3's per-rank MLA / KDA geometry, four layers, the tiny rest."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.a, cls.b = (os.path.join(cls.tmp.name, n) for n in "ab")
+        build("kimi-k3-shaped", cls.a, seed=0)
+        main(["--arch", "kimi-k3-shaped", "--out", cls.b, "--seed", "0"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_cli_and_build_agree_byte_for_byte(self):
+        for f in FILES:
+            self.assertTrue(filecmp.cmp(os.path.join(self.a, f), os.path.join(self.b, f), shallow=False), f)
+
+    def test_k3_attention_shapes_and_layout(self):
+        with open(os.path.join(self.a, "config.json")) as f:
+            cfg = json.load(f)
+        la = cfg["linear_attn_config"]
+        self.assertEqual((cfg["num_hidden_layers"], la["kda_layers"], la["full_attn_layers"]), (4, [1, 3], [2, 4]))
+        tensors = load_file(os.path.join(self.a, "model.safetensors"))
+        self.assertEqual({k: tuple(v.shape) for k, v in tensors.items()},
+                         {k: s[0] for k, s in kimi_k3_tensor_specs(cfg).items()})
+        mla, kda = "model.layers.1.self_attn", "model.layers.0.self_attn"
+        self.assertEqual(tuple(tensors[f"{mla}.kv_a_proj_with_mqa.weight"].shape), (512 + 64, 128))
+        self.assertEqual(tuple(tensors[f"{mla}.kv_b_proj.weight"].shape), (12 * (128 + 128), 512))
+        self.assertEqual(tuple(tensors[f"{mla}.q_proj.weight"].shape), (12 * (128 + 64), 128))
+        # upstream's layouts (q/k/v_conv1d [P, 1, C], A_log [H] in K3's 1-D form, dt_bias [P] in FP32)
+        self.assertEqual(tuple(tensors[f"{kda}.q_conv1d.weight"].shape), (12 * 128, 1, 4))
+        self.assertEqual((tuple(tensors[f"{kda}.A_log"].shape), tensors[f"{kda}.A_log"].dtype), ((12,), torch.float32))
+        self.assertEqual((tuple(tensors[f"{kda}.dt_bias"].shape), tensors[f"{kda}.dt_bias"].dtype), ((1536,), torch.float32))
+        self.assertIn("model.layers.3.mlp.experts.7.w2.weight", tensors)
+
+
 class TestWeightLoadingRoundTrip(unittest.TestCase):
     """SGLang's safetensors iterator -> our load_weights -> read back through the same map."""
 
