@@ -12,13 +12,22 @@ rest):
   filled, and holds exactly the values our model holds;
 * upstream layer code that runs on CPU gives our results: the dense SwiGLU MLP,
   RMSNorm, the FP32 MoE router with its biased grouped top-k, and AttnRes
-  aggregation (``aggregate_stream_torch``).
+  aggregation (``aggregate_stream_torch``);
+* upstream blocks end to end where their CPU path is the CUDA path's math: the MoE
+  block (``KimiK3MoE.forward``: MoEGate -> TopK/select_experts -> FusedMoE -> + shared
+  experts), also with its routing through our routing hook as on a GPU; the
+  attention-residual stream through upstream's ``AttnBank`` / ``AttnBankState`` /
+  ``AttnBankOutputRead`` in the decoder layers' read order, through our AttnRes hook
+  as on a GPU (every read, the final full-bank read included).
 """
 
 from __future__ import annotations
 
 import unittest
 from unittest import mock
+
+import contextlib
+import functools
 
 import torch
 
@@ -35,6 +44,7 @@ from sglang.srt.configs.kimi_linear import KimiLinearConfig
 from sglang.srt.layers.attn_residual import aggregate_stream_torch
 from sglang.srt.layers.moe.topk import biased_grouped_topk_impl
 from sglang_hybrid.models.kimi_k3 import KimiK3ReferenceForCausalLM
+from sglang_hybrid.models.kimi_k3.model import _ResidualStream
 
 
 class _NoStream:
@@ -152,6 +162,136 @@ class TestKimiK3UpstreamParity(unittest.TestCase):
         rows = torch.cat([bank[:, :2], prefix[:, None]], dim=1)
         ours = attn_res_mix(rows, layer_me.attn_score.norm, layer_me.attn_score.proj, self.cfg.rms_norm_eps)
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+    # ------------------------------------------------------------------ blocks end to end
+    def _moe_pair(self, layer_id):
+        return self.upstream.model.layers[layer_id].mlp, self.ours.model.layers[layer_id].mlp
+
+    @staticmethod
+    def _cuda_runner_scaling():
+        """Upstream's CPU experts (``moe_forward_native``) drop ``routed_scaling_factor``; on CUDA the
+        Triton runner's ``moe_sum_reduce`` applies it whenever the top-k did not
+        (``should_fuse_routed_scaling_factor_in_topk`` False, as for K3's unquantized experts)."""
+        import sglang.srt.layers.moe.fused_moe_native as native
+
+        orig = native.moe_forward_native
+
+        def scaled(layer, x, topk_output, cfg):
+            out = orig(layer, x, topk_output, cfg)
+            if layer.should_fuse_routed_scaling_factor_in_topk or cfg.routed_scaling_factor in (None, 1.0):
+                return out
+            return out * cfg.routed_scaling_factor
+
+        return mock.patch.object(native, "moe_forward_native", scaled)
+
+    def test_moe_block_forward_matches_upstream_block(self):
+        x = torch.randn(7, self.cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+        for layer_id in (1, 5):
+            up_moe, my_moe = self._moe_pair(layer_id)
+            self.assertFalse(up_moe.experts.should_fuse_routed_scaling_factor_in_topk)
+            with torch.no_grad(), self._cuda_runner_scaling():
+                ref = up_moe(x)
+                ours = my_moe(x)
+            torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5, msg=f"layer {layer_id}")
+
+    def test_moe_block_with_routing_through_our_hook(self):
+        """Upstream's block routes through ``select_experts``' call of ``topk.biased_grouped_topk``; with our
+        AROUND hook there and the device declared CUDA, the block's output is unchanged (hook taken)."""
+        from sglang.srt.layers.moe import topk as topk_mod
+        from sglang_hybrid.layers.moe import routing_hook
+
+        x = torch.randn(9, self.cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+        up_moe, my_moe = self._moe_pair(2)
+        taken = []
+        route = routing_hook.route
+        hooked = functools.partial(routing_hook._around_biased_grouped_topk, topk_mod.biased_grouped_topk)
+        with torch.no_grad(), self._cuda_runner_scaling(), \
+                mock.patch.object(topk_mod, "biased_grouped_topk", hooked), \
+                mock.patch.object(routing_hook, "device_kind", lambda t: "cuda"), \
+                mock.patch.object(routing_hook, "route", lambda *a, **k: taken.append(a) or route(*a, **k)):
+            ref = up_moe(x)
+        self.assertEqual(len(taken), 1)
+        torch.testing.assert_close(my_moe(x), ref, rtol=1e-5, atol=1e-5)
+
+    def _upstream_stream(self, emb, attn_outs, mlp_outs):
+        """The reads of upstream's attention-residual bank in KimiK3DecoderLayer's order (its stage
+        boundaries' calls of AttnBankState, then the model's final read); returns every read's output."""
+        from sglang.srt.layers.layer_boundary.residual.attn_bank import AttnBankState
+
+        model = self.upstream.model
+        bank = model.attn_bank
+        bank.open(emb, -(-len(model.layers) // self.cfg.attn_res_block_size))
+        reads, residual = [], None
+        try:
+            for i, layer in enumerate(model.layers):
+                state = AttnBankState(bank, layer.self_attention_res_proj, layer.self_attention_res_norm,
+                                      layer.mlp_res_proj, layer.mlp_res_norm, writes_block=layer.is_block_write_layer)
+                if i == 0:  # the stack's input is the head
+                    normed, residual = state.read_attn_input(emb, layer.input_layernorm)
+                else:
+                    normed, residual = state.update_and_read_attn_input(mlp_outs[i - 1], residual, layer.input_layernorm)
+                reads.append(normed)
+                # a write layer's attention read leaves the residual empty: the attention output is the head
+                normed, residual = state.update_and_read_ffn_input(attn_outs[i], residual, layer.post_attention_layernorm)
+                reads.append(normed)
+            normed, _ = model._final_read(mlp_outs[-1], residual)
+            reads.append(normed)
+            self.assertEqual(bank.require().num_valid_blocks, bank.require().block_residual.shape[1])
+        finally:
+            bank.close()
+        return reads
+
+    def _our_stream(self, emb, attn_outs, mlp_outs):
+        stream, reads = _ResidualStream(self.cfg.rms_norm_eps), []
+        contribution = emb
+        for layer, a, m in zip(self.ours.model.layers, attn_outs, mlp_outs):
+            reads.append(stream.read(contribution, layer.attn_score, layer.input_layernorm, write=layer.writes_block))
+            reads.append(stream.read(a, layer.mlp_score, layer.post_attention_layernorm, write=False))
+            contribution = m
+        reads.append(stream.read(contribution, self.ours.model.output_score, self.ours.model.norm, write=False))
+        return reads
+
+    def _stream_inputs(self, seed):
+        gen, D, L = torch.Generator().manual_seed(seed), self.cfg.hidden_size, self.cfg.num_hidden_layers
+        emb = torch.randn(5, D, generator=gen)
+        return emb, [torch.randn(5, D, generator=gen) for _ in range(L)], [torch.randn(5, D, generator=gen) for _ in range(L)]
+
+    def _through_attn_res_hook(self, refuse_contract: bool):
+        """Upstream's module-level aggregation functions wrapped by our AROUND hooks, device declared CUDA.
+        Our kernel runs its torch twin here (the Triton kernel needs the interpreter: test_attn_res_hook.py)."""
+        from sglang.srt.layers import attn_residual
+        from sgl_hybrid_kernel.attn_res.fused_reference import attn_res_rmsnorm_reference
+        from sglang_hybrid.layers import attn_res_hook
+
+        def never(*a, **k):
+            raise AssertionError("reached upstream's Triton aggregation (it does not tile D = 128)")
+
+        patches = [
+            mock.patch.object(attn_residual, "_aggregate", functools.partial(attn_res_hook._around_aggregate, never)),
+            mock.patch.object(attn_residual, "_aggregate_fused_add",
+                              functools.partial(attn_res_hook._around_aggregate_fused_add, never)),
+            mock.patch.object(attn_res_hook, "device_kind", lambda t: "cuda"),
+            mock.patch.object(attn_res_hook, "attn_res_rmsnorm_triton", attn_res_rmsnorm_reference),
+        ]
+        if refuse_contract:
+            patches.append(mock.patch.object(attn_res_hook, "_why_not_triton", lambda x, bank: "refused (test)"))
+        return patches
+
+    def test_attn_res_stream_through_upstream_bank_and_our_hook(self):
+        """Upstream's bank semantics (which head is written when, what each read mixes, the final read over
+        a full bank) through our hook, against our reference stream: every one of the 2L + 1 reads."""
+        for refuse in (False, True):  # our kernel; upstream's eager reference (the hook's fallback off 1024)
+            emb, attn_outs, mlp_outs = self._stream_inputs(5)
+            patches = self._through_attn_res_hook(refuse)
+            with torch.no_grad(), contextlib.ExitStack() as stack:
+                for p in patches:
+                    stack.enter_context(p)
+                ref = self._upstream_stream(emb, attn_outs, mlp_outs)
+            with torch.no_grad():
+                ours = self._our_stream(emb, attn_outs, mlp_outs)
+            self.assertEqual(len(ours), len(ref))
+            for i, (a, b) in enumerate(zip(ours, ref)):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"read {i} (refuse_contract={refuse})")
 
 
 if __name__ == "__main__":
