@@ -160,3 +160,23 @@ def test_decode_matches_upstream_conv_update_and_packed_decode(force_triton):
     torch.testing.assert_close(conv_me, conv_up, rtol=0, atol=0)
     torch.testing.assert_close(o_me, o_up, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ssm_me, ssm_up, rtol=1e-4, atol=1e-5)
+
+
+def test_output_norm_matches_upstream_fused_rmsnorm_gated():
+    """KimiK3DeltaAttention's ``o_norm``: upstream's ``FusedRMSNormGated(head_dim, eps=1e-5, activation="sigmoid")``
+    (FLA's Triton ``layer_norm_gated`` kernel) on the core output ``[1, N, H, K]`` with the gate ``[N, H, K]``,
+    against our ``gated_rms_norm`` (the reference model's KDA output norm)."""
+    from sgl_hybrid_kernel.norm.reference import gated_rms_norm
+    from sglang.kernels.ops.attention.fla import fused_norm_gate
+
+    gen = torch.Generator().manual_seed(2)
+    N = 5
+    norm = fused_norm_gate.FusedRMSNormGated(K, eps=1e-5, activation="sigmoid")
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(K, generator=gen))
+    core, gate = torch.randn(1, N, H, K, generator=gen), torch.randn(N, H, K, generator=gen)
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(fused_norm_gate, "_use_cpu", False)  # the CUDA path (the AMX CPU kernel takes silu only)
+        ref = norm(core.clone(), gate)  # upstream writes the result into x (layer_norm_gated_fwd: y = x)
+    ours = gated_rms_norm(core[0], gate, norm.weight, 1e-5, "sigmoid")
+    torch.testing.assert_close(ours, ref.reshape(ours.shape), rtol=1e-5, atol=1e-5)

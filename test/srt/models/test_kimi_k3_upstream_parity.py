@@ -293,6 +293,53 @@ class TestKimiK3UpstreamParity(unittest.TestCase):
             for i, (a, b) in enumerate(zip(ours, ref)):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"read {i} (refuse_contract={refuse})")
 
+    def test_kda_layer_plumbing_matches_upstream_layer(self):
+        """Upstream's KimiK3DeltaAttention.forward (extend) on CPU around the recurrence: its [q,k,v,g] / b /
+        f_a -> f_b projections reach RadixLinearAttention as ours do, and the same core output leaves through
+        the sigmoid-gated output norm and o_proj as ours. The recurrence is stubbed (one fixed core output
+        for both; upstream's kernels vs ours: test/srt/layers/test_kda_upstream_kernels.py, which also checks
+        upstream's FusedRMSNormGated, here replaced by its torch twin: its Triton kernel needs the interpreter)."""
+        from types import SimpleNamespace
+
+        from sgl_hybrid_kernel.norm.reference import gated_rms_norm
+        from sglang.kernels.ops.attention.fla.fused_norm_gate import FusedRMSNormGated
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        la = self.cfg.linear_attn_config
+        H, K, N = la["num_heads"], la["head_dim"], 6
+        gen = torch.Generator().manual_seed(6)
+        x = torch.randn(N, self.cfg.hidden_size, generator=gen)
+        core = torch.randn(1, N, H, K, generator=gen)
+        mode = ForwardMode.EXTEND
+        batch = SimpleNamespace(forward_mode=mode, logical_forward_mode=mode)
+        seen = {}
+
+        class _Recurrence(torch.nn.Module):  # stands in for RadixLinearAttention
+            def __init__(self, name):
+                super().__init__()
+                self.name = name
+
+            def forward(self, forward_batch, mixed_qkv, a, b):
+                seen[self.name] = (mixed_qkv.reshape(N, -1), a.reshape(N, -1), b.reshape(N, -1))
+                return core.clone()
+
+        def stub(name):
+            return _Recurrence(name)
+
+        def onorm(module, x, g):
+            return gated_rms_norm(x.reshape(g.shape), g, module.weight, module.eps, module.activation)
+
+        up_attn, my_attn = self.upstream.model.layers[0].self_attn, self.ours.model.layers[0].self_attn
+        with torch.no_grad(), mock.patch.object(up_attn, "attn", stub("up")), \
+                mock.patch.object(my_attn, "attn", stub("me")), mock.patch.object(FusedRMSNormGated, "forward", onorm):
+            ref = up_attn(x, None, batch, None)
+            ours = my_attn(x, batch)
+        self.assertEqual(up_attn.o_norm.activation, "sigmoid")
+        self.assertEqual(up_attn.o_norm.eps, my_attn.norm_eps)
+        for name, a, b in zip(("mixed_qkv", "forget gate", "beta"), seen["me"], seen["up"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
 
 if __name__ == "__main__":
     unittest.main()
