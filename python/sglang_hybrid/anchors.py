@@ -379,6 +379,11 @@ ANCHORS: List[Anchor] = [
         "AROUND hook on CPU: the DCP platform guard (its module's only is_cuda() call) admits the CPU device",
         snippet="is_hip() or is_cuda() or _is_npu or _is_xpu",
     ),
+    Anchor(  # /get_server_info carries the plugin's version, kernel paths and call counts (entrypoints/server_info.py)
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+        "AFTER hook adding internal_state['sglang_hybrid']",
+        snippet="return GetInternalStateReqOutput(internal_state=",
+    ),
 ]
 
 

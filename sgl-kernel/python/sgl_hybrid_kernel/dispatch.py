@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 _LOCK = threading.Lock()
 _CHOICES: Dict[str, "KernelChoice"] = {}
+_CALLS: Dict[str, int] = {}  # "op=impl" -> calls (eager calls and CUDA-graph captures; a replay runs no Python)
 _logger = logging.getLogger(__name__)
 
 
@@ -27,14 +28,32 @@ class KernelChoice:
 
 
 def record_choice(op: str, impl: str, reason: str, log: Optional[logging.Logger] = None) -> KernelChoice:
-    """Record (and log once) the implementation chosen for ``op``."""
+    """Record (and log once) the implementation chosen for ``op``; count the call (:func:`call_counts`)."""
     choice = KernelChoice(op, impl, reason)
+    key = f"{op}={impl}"
     with _LOCK:
         previous = _CHOICES.get(op)
         _CHOICES[op] = choice
+        _CALLS[key] = _CALLS.get(key, 0) + 1
     if previous != choice:
         (log or _logger).info("kernel path: %-16s -> %-10s (%s)", op, impl, reason)
     return choice
+
+
+def count_call(op: str, impl: str) -> None:
+    """Count one call of ``impl`` for ``op`` without logging (hot paths whose choice was logged
+    at construction, e.g. the linear-attention kernels behind upstream's dispatcher)."""
+    key = f"{op}={impl}"
+    with _LOCK:
+        _CALLS[key] = _CALLS.get(key, 0) + 1
+
+
+def call_counts() -> Dict[str, int]:
+    """Calls per ``"op=impl"`` in this process since start: eager calls plus CUDA-graph captures
+    (a graph replay runs no Python, so it is not counted; a captured call is what every replay
+    runs). The GPU tests read them through ``/get_server_info`` to prove which kernels served."""
+    with _LOCK:
+        return dict(sorted(_CALLS.items()))
 
 
 def chosen_paths() -> List[KernelChoice]:

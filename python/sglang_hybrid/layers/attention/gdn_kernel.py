@@ -32,7 +32,7 @@ from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
 from sgl_hybrid_kernel.delta_rule.ops import decode_torch
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
-from sgl_hybrid_kernel.dispatch import record_choice
+from sgl_hybrid_kernel.dispatch import count_call, record_choice
 from sgl_hybrid_kernel.kda.reference import kda_chunk
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
@@ -89,10 +89,13 @@ class SglHybridGDNKernel(TritonGDNKernel):
         args = (q[0], k[0], v[0], a.reshape(B, HV), b.reshape(B, HV), A_log.reshape(-1), dt_bias.reshape(-1),
                 ssm_states, cache_indices)
         if self.force_triton or choose_recurrent(q[0], v[0], ssm_states) == "triton":
+            count_call("gdn_decode", "triton")
             return gated_delta_recurrent_triton(*args, 1, "gdn", state_layout="vk").unsqueeze(0)
         if q.device.type != "cpu":  # outside our contract on a GPU: upstream's kernel, not a Python loop
+            count_call("gdn_decode", "upstream")
             return super().decode(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=ssm_states,
                                   cache_indices=cache_indices, query_start_loc=query_start_loc, **kwargs)
+        count_call("gdn_decode", "torch")
         return decode_torch(*args, 1, "gdn", None, "vk").unsqueeze(0)
 
     def target_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
@@ -105,6 +108,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
                                          intermediate_states_buffer=intermediate_states_buffer,
                                          intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
                                          retrieve_parent_token=retrieve_parent_token, **kwargs)
+        count_call("gdn_verify", "sgl_hybrid")
         return verify_chain(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=ssm_states,
                             cache_indices=cache_indices, query_start_loc=query_start_loc,
                             intermediate_states_buffer=intermediate_states_buffer,
@@ -128,6 +132,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
                 and choose_chunk(q[0], v[0], ssm_states) != "triton"):
             # Outside the contract: upstream's kernel. Not with a
             # track request: upstream's kernel ignores track_state, which we declare we fill.
+            count_call("gdn_extend", "upstream")
             return super().extend(q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
                                   query_start_loc=query_start_loc, inplace_update=inplace_update, **kwargs)
         if not inplace_update:
@@ -146,6 +151,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         out = kwargs.get("output")
         if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
+            count_call("gdn_extend", "triton")
             f, braw = raw_gdn_gates(g2, b2)
             zeros = torch.zeros(HV, dtype=torch.float32, device=q.device)
             o = gated_delta_chunk_triton(q2, k2, v2, f, braw, zeros, zeros, cu, ssm_states, cache_indices.to(torch.int32),
@@ -154,6 +160,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
                                          checkpoint_pool=track_state if ckpts else None,
                                          seq_lens_cpu=lens)  # host lengths: no second read of cu (issue 4)
         else:
+            count_call("gdn_extend", "torch")
             o = torch.empty_like(v2)
             G = HV // H
             start = 0

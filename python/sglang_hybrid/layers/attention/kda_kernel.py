@@ -26,7 +26,7 @@ import torch
 from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
-from sgl_hybrid_kernel.dispatch import record_choice
+from sgl_hybrid_kernel.dispatch import count_call, record_choice
 from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
@@ -67,9 +67,11 @@ class SglHybridKDAKernel(TritonKDAKernel):
         q2, k2, v2 = q[0], k[0], v[0]
         f, beta = a.reshape(B, H, K), b.reshape(B, H)
         if self.force_triton or choose_recurrent(q2, v2, ssm_states) == "triton":
+            count_call("kda_decode", "triton")
             o = gated_delta_recurrent_triton(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,
                                              cache_indices, 1, "kda", lower_bound, state_layout="vk")
             return o.unsqueeze(0)
+        count_call("kda_decode", "torch")
         o = torch.empty_like(v2)
         g = kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)
         for i, slot in enumerate(cache_indices.tolist()):
@@ -99,6 +101,7 @@ class SglHybridKDAKernel(TritonKDAKernel):
                                          intermediate_states_buffer=intermediate_states_buffer,
                                          intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
                                          retrieve_parent_token=retrieve_parent_token, lower_bound=lower_bound, **kwargs)
+        count_call("kda_verify", "sgl_hybrid")
         return verify_chain(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=ssm_states,
                             cache_indices=cache_indices, query_start_loc=query_start_loc,
                             intermediate_states_buffer=intermediate_states_buffer,
@@ -125,6 +128,7 @@ class SglHybridKDAKernel(TritonKDAKernel):
         track_state = kwargs.get("track_state")
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
+            count_call("kda_extend", "triton")
             o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
                                          cache_indices.to(torch.int32),
                                          has_init, "kda", lower_bound,
@@ -132,6 +136,7 @@ class SglHybridKDAKernel(TritonKDAKernel):
                                          checkpoints=ckpts, checkpoint_pool=track_state if ckpts else None,
                                          seq_lens_cpu=lens)  # host lengths: no second read of cu (issue 4)
         else:
+            count_call("kda_extend", "torch")
             o = torch.empty_like(v2)
             gate = kda_gate(f, A_log.reshape(-1), dt_bias, lower_bound)
             start = 0
