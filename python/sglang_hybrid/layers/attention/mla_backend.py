@@ -18,8 +18,9 @@ from the paged cache where upstream's ``forward_extend`` has just written them:
 ``forward_extend`` is wrapped to hand over ``out_cache_loc``). Calls outside our
 contract go to upstream's kernels: page size > 1, attention sinks,
 ``score_mod``, logit soft-capping, different K/V scales, non-MLA layers, tree
-verify (custom masks), DCP extend, and CUDA-graph capture (building the page
-table needs the batch's longest KV length on the host).
+verify (custom masks), DCP extend, and extend under CUDA-graph capture. Decode is
+captured too: the page table is then as wide as the context (``max_context_len``), built
+on the device inside the graph.
 
 Upstream's decode rail: ``kv_indptr`` ``[B + 1]`` and ``kv_indices`` (cache row of
 each position, page size 1). Our kernel reads a page table ``[B, max_len]``;
@@ -81,9 +82,11 @@ def _eligible(has_mla, page_size, sinks, score_mod, logit_cap, k_scale, v_scale,
         return "different K and V scales"
     if xai_temperature_len not in (None, -1):
         return "xai temperature"
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return "CUDA-graph capture (page table needs the host-side longest KV length)"
     return None
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class SglHybridMLADecode:
@@ -99,11 +102,11 @@ class SglHybridMLADecode:
         self._rail_key = None
         self._rail = None
 
-    def _table(self, kv_indptr, kv_indices, batch):
+    def _table(self, kv_indptr, kv_indices, batch, max_len=None):
         meta = getattr(self.backend, "forward_metadata", None)
-        key = (kv_indptr.data_ptr(), kv_indices.data_ptr(), kv_indices.numel(), batch)
+        key = (kv_indptr.data_ptr(), kv_indices.data_ptr(), kv_indices.numel(), batch, max_len)
         if meta is None or meta is not self._meta or key != self._rail_key:
-            self._rail = page_table_from_rail(kv_indptr, kv_indices, batch)
+            self._rail = page_table_from_rail(kv_indptr, kv_indices, batch, max_len)
             self._meta, self._rail_key = meta, key  # holding meta keeps its id from being reused
         return self._rail
 
@@ -118,7 +121,11 @@ class SglHybridMLADecode:
                                  xai_temperature_len=xai_temperature_len, has_mla=has_mla, use_pdl=use_pdl,
                                  page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
         B, H, R = q.shape[0], q.shape[1], o.shape[-1]
-        table, lens = self._table(kv_indptr, kv_indices, B)
+        # Under CUDA-graph capture the longest KV length is not known on the host: the table is
+        # as wide as the context (upstream's graph rail holds max_context_len rows per request),
+        # built on the device inside the graph; positions past kv_lens are masked by the kernel.
+        bound = int(self.backend.max_context_len) if _capturing() and self.backend is not None else None
+        table, lens = self._table(kv_indptr, kv_indices, B, bound)
         kv_scale = None if float(k_scale) == 1.0 else float(k_scale)
         out, lse = mla_decode(q, k_buffer, table, lens, float(sm_scale), 1, R, kv_scale,
                               max_kv_len=table.shape[1])
