@@ -1,28 +1,58 @@
-"""CPU stand-in for ``sgl_kernel`` (SGLang's compiled kernel package).
+"""Stand-in for ``sgl_kernel`` (SGLang's compiled kernel package, the ``sglang-kernel`` wheel).
 
-SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``) imports a handful of names
-from the *CPU build* of ``sgl_kernel``, which no PyPI package provides. This
-package supplies them so upstream SGLang 0.5.23 serves on a machine without a
-GPU. It is installed by ``make install`` only when no GPU is present and must
-never be installed beside the real ``sglang-kernel`` wheel (both provide the
-top-level module ``sgl_kernel``).
+Installed as the distribution ``sgl-hybrid-cpu-shim`` (directory
+``sgl-kernel/cpu_shim``); it provides the top-level module ``sgl_kernel`` wherever
+the real wheel is absent or cannot load, so it must never be installed beside
+the real ``sglang-kernel`` (both provide ``sgl_kernel``). Importing it logs one
+warning naming the stand-in and the device. See docs/install.md.
 
-What it provides (see docs/install.md for the table):
+CPU (``SGLANG_USE_CPU_ENGINE=1``): upstream SGLang 0.5.23's CPU engine imports
+names of the *CPU build* of ``sgl_kernel``, which no PyPI package provides:
+
   * plain-torch implementations of the ops the CPU engine calls on our path
     (request-to-token table writes, KV row copies, conv1d for hybrid models,
-    the EAGLE/MTP speculative ops in ``speculative.py``);
+    the EAGLE/MTP speculative ops in ``speculative.py``, the shared-memory
+    collectives in ``distributed.py``);
   * the ``torch.ops.sgl_kernel.*_cpu`` names that upstream looks up at import
-    time; those we do not implement raise ``NotImplementedError`` naming the op
-    when *called*, so a lookup never breaks start-up and a call never fails
-    silently.
+    time (``_ops.py``); those we do not implement raise ``NotImplementedError``.
+    ``convert_weight_packed`` is deliberately absent: SGLang enables its
+    Intel-AMX paths only when that op exists.
 
-It deliberately does **not** register ``convert_weight_packed``: SGLang enables
-its Intel-AMX paths only when that op exists.
+CUDA, where the ``sglang-kernel`` wheel does not match the installed torch:
+every name upstream imports from ``sgl_kernel`` (and its submodules) at module
+load is importable. Implemented in plain torch, device-agnostic and without
+host synchronisation (so CUDA graphs capture them):
+
+  * ``rmsnorm``, ``fused_add_rmsnorm``, ``gemma_rmsnorm``,
+    ``gemma_fused_add_rmsnorm`` (the fused ones update input and residual in
+    place), ``silu_and_mul``, ``gelu_and_mul``, ``gelu_tanh_and_mul``,
+    ``gelu_quick``, ``rotary_embedding`` (``elementwise.py``);
+  * ``top_k_renorm_prob``, ``top_p_renorm_prob`` (``sampling.py``);
+  * ``moe_sum_reduce``, ``moe_sum``, and ``moe_align_block_size``, which runs
+    upstream's own JIT CUDA kernel (``sglang.kernels.ops.moe.moe_align``) on CUDA
+    tensors (``moe.py``);
+  * ``merge_state_v2`` (``attention.py``), ``int8_scaled_mm`` (``gemm.py``),
+    ``weak_ref_tensor`` (``memory.py``), ``sgl_kernel.utils.is_arch_support_pdl``
+    (always False: no PDL), ``sgl_kernel.scalar_type``.
+
+Every other name is a placeholder that raises ``NotImplementedError`` naming the
+op when *called*, never at import (``_unprovided.py``). Deliberately absent,
+because upstream probes them with ``try: import ... except ImportError`` to pick
+a fallback: ``sgl_kernel.allreduce`` (custom all-reduce; NCCL is used instead)
+and ``sgl_kernel.metal``.
+
+Upstream's start-up check ``assert_pkg_version("sglang-kernel", "0.4.9")`` reads
+the *distribution* ``sglang-kernel``, which is not installed; on CUDA this module
+therefore sets ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1`` (unless the variable is
+already set), which upstream reads for that check (and the FlashInfer version
+check) at launch.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 
 import torch
 
@@ -30,6 +60,30 @@ from sgl_kernel import _ops  # noqa: F401  (registers torch.ops.sgl_kernel.*)
 from sgl_kernel import distributed  # noqa: F401  (shm_allreduce / shm_allgather over torch.distributed, issue 8)
 
 __version__ = "0.0.0+sglang-hybrid-cpu-shim"
+STANDIN = True  # the real package has no such attribute
+
+_logger = logging.getLogger("sgl_kernel")
+
+
+def _device() -> str:
+    if torch.cuda.is_available():
+        return "rocm" if torch.version.hip is not None else "cuda"
+    return "cpu"
+
+
+DEVICE = _device()
+if DEVICE != "cpu":
+    # Upstream asserts the distribution sglang-kernel >= 0.4.9 at launch unless this is set.
+    os.environ.setdefault("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
+_logger.warning(
+    "sgl_kernel is the sglang-hybrid stand-in (sgl-hybrid-cpu-shim, device %s), not the sglang-kernel "
+    "wheel: norms, gated activations, sampling renorm, MoE sum/align and merge_state run in plain torch, "
+    "other sgl_kernel ops raise NotImplementedError when called%s",
+    DEVICE,
+    ""
+    if DEVICE == "cpu"
+    else "; SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=" + os.environ["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"],
+)
 
 
 def assign_req_to_token_pool_cpu(
@@ -77,18 +131,6 @@ def copy_all_layer_kv_cache_cpu(
                 ctypes.memmove(base + tgt * nbytes, base + src * nbytes, nbytes)
 
 
-def _not_provided(name: str):
-    def _raise(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name} is not provided by the sglang-hybrid CPU shim "
-            "(multi-layer EAGLE is not supported on CPU). "
-            "Install the real sglang-kernel on a GPU machine."
-        )
-
-    _raise.__name__ = name
-    return _raise
-
-
 # Speculative decoding (EAGLE / MTP worker on CPU): plain-torch versions (issue 6).
 from sgl_kernel.speculative import (  # noqa: E402
     assign_draft_cache_locs_contiguous_cpu,
@@ -99,11 +141,88 @@ from sgl_kernel.speculative import (  # noqa: E402
     verify_tree_greedy_cpu,
 )
 
+# CUDA-side names (see the module docstring): implemented ops, then placeholders.
+from sgl_kernel import (  # noqa: E402,F401  (submodules upstream imports by name)
+    flash_attn,
+    kvcacheio,
+    quantization,
+    scalar_type,
+    spatial,
+    top_k,
+    utils,
+)
+from sgl_kernel import attention as _attention  # noqa: E402
+from sgl_kernel import gemm as _gemm  # noqa: E402
+from sgl_kernel import moe as _moe  # noqa: E402
+from sgl_kernel import sampling as _sampling  # noqa: E402
+from sgl_kernel._unprovided import define as _define  # noqa: E402
+from sgl_kernel._unprovided import is_placeholder as _is_placeholder  # noqa: E402
+from sgl_kernel.attention import merge_state, merge_state_v2  # noqa: E402,F401
+from sgl_kernel.elementwise import (  # noqa: E402,F401
+    fused_add_rmsnorm,
+    gelu_and_mul,
+    gelu_quick,
+    gelu_tanh_and_mul,
+    gemma_fused_add_rmsnorm,
+    gemma_rmsnorm,
+    rmsnorm,
+    rotary_embedding,
+    silu_and_mul,
+)
+from sgl_kernel.gemm import int8_scaled_mm  # noqa: E402,F401
+from sgl_kernel.memory import weak_ref_tensor  # noqa: E402,F401
+from sgl_kernel.moe import moe_align_block_size, moe_sum, moe_sum_reduce  # noqa: E402,F401
+from sgl_kernel.sampling import (  # noqa: E402,F401
+    top_k_renorm_prob,
+    top_k_renorm_probs,
+    top_p_renorm_prob,
+    top_p_renorm_probs,
+)
+
+# The top-level placeholders defined next to their implemented relatives.
+for _mod in (_attention, _gemm, _moe, _sampling):
+    for _name, _obj in vars(_mod).items():
+        if _is_placeholder(_obj):
+            globals()[_name] = _obj
+del _mod, _name, _obj
+
 # Imported at module level by upstream's multi-layer EAGLE code on CPU; not
 # called by the single-layer EAGLE/MTP worker.
-for _name in (
-    "rotate_input_ids_cpu",
-    "build_draft_decode_metadata_cpu",
-):
-    globals()[_name] = _not_provided(_name)
-del _name
+_define(globals(), "sgl_kernel", ("rotate_input_ids_cpu", "build_draft_decode_metadata_cpu"), "multi-layer EAGLE")
+
+# Imported by upstream on CUDA/ROCm/MUSA/XPU paths our models do not take
+# (DeepSeek-V4/DSA/MLA kernels, XPU fusions, speculative kernels of other backends).
+_define(
+    globals(),
+    "sgl_kernel",
+    (
+        "apply_token_bitmask_inplace_cuda",
+        "build_tree_kernel_efficient",
+        "verify_tree_greedy",
+        "compress_norm_rope_store",
+        "flash_compress4_decode",
+        "flash_compress4_prefill",
+        "flash_compress128_decode",
+        "flash_compress128_prefill",
+        "plan_compress_decode",
+        "plan_compress_decode_legacy",
+        "plan_compress_prefill",
+        "plan_compress_prefill_legacy",
+        "fused_hc_head",
+        "hc_post",
+        "hc_split_sinkhorn",
+        "mhc_fused_post_pre",
+        "mhc_pre",
+        "fused_inplace_qknorm_rope",
+        "fused_k_norm_rope_flashmla",
+        "fused_q_indexer_rope_hadamard_quant",
+        "fused_q_norm_rope",
+        "fused_qk_rope_with_cos_sin_cache_inplace",
+        "multimodal_rotary_embedding",
+        "load_cache_to_device_buffer_dsv4_mla",
+        "load_cache_to_device_buffer_mla",
+        "transfer_cache_dsv4_mla",
+        "silu_and_mul_clamp",
+        "store_cache_xpu",
+    ),
+)

@@ -197,3 +197,10 @@ def verify_tree_greedy_cpu(
             accept_index[b, accepted] = last
         accept_token_num[b] = accepted
         predicts[last] = target[last]
+
+
+# Imported by upstream's tree reconstruction (kernels/ops/speculative/reconstruct_tree.py)
+# on devices other than CUDA/ROCm/XPU; CUDA uses upstream's own Triton version.
+from sgl_kernel._unprovided import define as _define  # noqa: E402
+
+_define(globals(), "sgl_kernel.speculative", ("reconstruct_indices_from_tree_mask",), "tree-mask speculative decoding")
