@@ -35,6 +35,29 @@ logger = logging.getLogger("sglang_hybrid")
 _REGISTERED = False
 
 
+UPSTREAM_OPS_ENV = "SGLANG_HYBRID_UPSTREAM_OPS"
+_HOOKED_OPS = ("moe_routing", "attn_res")
+
+
+def _upstream_ops() -> frozenset:
+    """Ops whose upstream implementation stays in place (A/B runs, fault isolation on a GPU):
+    ``SGLANG_HYBRID_UPSTREAM_OPS=moe_routing,attn_res`` leaves those two hooks out.
+
+    Raises:
+        ValueError: a name other than those of :data:`_HOOKED_OPS`.
+    """
+    import os
+
+    names = frozenset(n.strip() for n in os.environ.get(UPSTREAM_OPS_ENV, "").split(",") if n.strip())
+    unknown = names - set(_HOOKED_OPS)
+    if unknown:
+        raise ValueError(f"{UPSTREAM_OPS_ENV}: unknown op(s) {sorted(unknown)}; known: {', '.join(_HOOKED_OPS)}")
+    if names:
+        logger.warning("%s=%s: upstream's %s kept (our hooks not installed)", UPSTREAM_OPS_ENV,
+                       ",".join(sorted(names)), ", ".join(sorted(names)))
+    return names
+
+
 def register() -> None:
     global _REGISTERED
     if _REGISTERED:
@@ -117,8 +140,11 @@ def register() -> None:
     from sglang_hybrid.layers import attn_res_hook
     from sglang_hybrid.layers.moe import routing_hook
 
-    routing_hook.install()  # upstream TopK routing -> our kernel on GPU/ROCm (CPU unchanged)
-    attn_res_hook.install()  # upstream AttnRes aggregation -> our fused kernel on GPU/ROCm (CPU unchanged)
+    upstream_ops = _upstream_ops()
+    if "moe_routing" not in upstream_ops:
+        routing_hook.install()  # upstream TopK routing -> our kernel on GPU/ROCm (CPU unchanged)
+    if "attn_res" not in upstream_ops:
+        attn_res_hook.install()  # upstream AttnRes aggregation -> our fused kernel on GPU/ROCm (CPU unchanged)
     from sglang_hybrid.mem_cache import serving as hybrid_cache
 
     hybrid_cache.install()  # --radix-cache-backend hybrid, default for our models (docs/hybrid-cache.md)
@@ -135,6 +161,11 @@ def register() -> None:
     from sglang_hybrid.reliability import idle_audit
 
     idle_audit.install()  # SGLANG_HYBRID_IDLE_AUDIT=1: pool + lock audit at idle (docs/reliability.md)
+    from sglang_hybrid.entrypoints import server_info
+    from sglang_hybrid.tools import layer_taps
+
+    server_info.install()  # /get_server_info: plugin version, kernel paths, kernel call counts
+    layer_taps.install()  # SGLANG_HYBRID_LAYER_TAPS=DIR: per-layer taps of extend passes (docs/gpu.md)
 
     if platform.is_cpu:
         from sglang.srt.models.registry import ModelRegistry
