@@ -31,7 +31,7 @@ TESTS ?= sgl-kernel/tests test
 
 export SGLANG_USE_CPU_ENGINE := $(if $(filter cpu,$(DEVICE)),1,0)
 
-.PHONY: install test demo tiny-model clean help
+.PHONY: install test test-gpu demo tiny-model clean help
 
 help:
 	@sed -n '2,11p' Makefile
@@ -49,8 +49,19 @@ tiny-model: install
 	@test -f $(TINY_MODEL)/config.json || $(PY) -m sglang_hybrid.tools.make_tiny_model --arch kimi-k3 --out $(TINY_MODEL)
 
 test: install
-	@set +e; $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest $(TESTS) --ignore=test/gpu -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests from '$(TESTS)': treating as a failure"; exit 1; fi; \
+	exit $$rc
+
+# make test-gpu: the GPU suite (test/gpu, docs/gpu.md) on one CUDA GPU, each server class in its own
+# worker. GPU_PYTHON: an interpreter that has torch + sglang + our packages (default: the venv's; on a
+# machine without network: scripts/offline_bundle.sh install, then GPU_PYTHON=python3).
+GPU_PYTHON ?= $(PY)
+GPU_WORKERS ?= 4
+test-gpu:
+	@set +e; SGLANG_HYBRID_TEST_DEVICE=cuda SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+	  $(GPU_PYTHON) -m pytest test/gpu -v -n $(GPU_WORKERS) --dist loadclass $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests from test/gpu: treating as a failure"; exit 1; fi; \
 	exit $$rc
 
 demo: tiny-model

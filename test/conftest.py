@@ -3,15 +3,16 @@
 import os
 import sys
 
-# Tests run on a CPU machine; upstream's CPU engine needs this flag before
-# any sglang module decides its platform.
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-# The interface tests run our Triton kernels through upstream's call signatures on CPU tensors,
-# i.e. in Triton's interpreter, which is chosen when a kernel is decorated: set it before any
-# test imports a kernel module (sgl-kernel/tests/conftest.py does the same for the kernel tests;
-# without this line ``pytest test`` alone failed every Triton case). ``LaunchedServer`` removes it
-# from the servers' environment.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("SGLANG_HYBRID_TEST_DEVICE", "cpu") == "cpu":  # `make test-gpu` sets it to cuda (test/gpu)
+    # Tests run on a CPU machine; upstream's CPU engine needs this flag before
+    # any sglang module decides its platform.
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    # The interface tests run our Triton kernels through upstream's call signatures on CPU tensors,
+    # i.e. in Triton's interpreter, which is chosen when a kernel is decorated: set it before any
+    # test imports a kernel module (sgl-kernel/tests/conftest.py does the same for the kernel tests;
+    # without this line ``pytest test`` alone failed every Triton case). ``LaunchedServer`` removes it
+    # from the servers' environment.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _pin_xdist_worker():

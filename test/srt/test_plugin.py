@@ -40,6 +40,16 @@ class TestAnchors(unittest.TestCase):
 
 
 class TestRegistration(unittest.TestCase):
+    def test_upstream_ops_switch(self):
+        """``SGLANG_HYBRID_UPSTREAM_OPS`` names the GPU hooks left out; an unknown name is refused."""
+        with mock.patch.dict("os.environ", {plugin.UPSTREAM_OPS_ENV: "moe_routing, attn_res"}):
+            self.assertEqual(plugin._upstream_ops(), {"moe_routing", "attn_res"})
+        with mock.patch.dict("os.environ", {plugin.UPSTREAM_OPS_ENV: ""}):
+            self.assertEqual(plugin._upstream_ops(), frozenset())
+        with mock.patch.dict("os.environ", {plugin.UPSTREAM_OPS_ENV: "moe_routing,mla"}):
+            with self.assertRaisesRegex(ValueError, r"unknown op\(s\) \['mla'\]"):
+                plugin._upstream_ops()
+
     def test_entry_point_is_declared(self):
         eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
         self.assertEqual(eps.get("sglang_hybrid"), "sglang_hybrid.plugin:register")

@@ -104,6 +104,22 @@ class TestKimiK3Server(CustomTestCase, BasicAPIContractMixin, BasicDecodeCorrect
                 self.assertEqual(tok, int(row.argmax()), f"position {j}")
                 self.assertAlmostEqual(lp, float(row[tok]), delta=1e-4)
 
+    def test_server_info_carries_kernel_paths_and_calls(self):
+        """``/get_server_info`` -> ``internal_states[0].sglang_hybrid`` (entrypoints/server_info.py): the
+        reference model's torch paths, with call counts that grow with the requests served."""
+        def state():
+            r = requests.get(self.base_url + "/get_server_info", timeout=60)
+            r.raise_for_status()
+            return r.json()["internal_states"][0]["sglang_hybrid"]
+
+        before = state()
+        generate(self.base_url, random_ids(40, 77), max_new_tokens=3)
+        after = state()
+        self.assertRegex(after["version"], r"^\d+\.\d+")
+        self.assertEqual(after["kernel_paths"]["kda_prefill"], "torch")
+        self.assertGreater(after["kernel_calls"]["kda_extend=torch"], before["kernel_calls"].get("kda_extend=torch", 0))
+        self.assertGreater(after["kernel_calls"]["kda_decode=torch"], before["kernel_calls"].get("kda_decode=torch", 0))
+
     def test_prompts_that_crash_upstream_get_400_and_server_keeps_serving(self):
         """Out-of-vocabulary ids and an empty text prompt kill upstream's scheduler; our hook returns 400."""
         ids = random_ids(20, 30)

@@ -1,0 +1,45 @@
+"""Qwen3.8-Flash-Next on a CUDA GPU: upstream's ``qwen4_exp`` class with our QSA (``sgl_hybrid_qsa``) and
+GDN (``--linear-attn-backend sgl_hybrid``) kernels, the hybrid radix cache + host tier and CUDA graphs,
+against the CPU reference model's fixtures; and MTP speculative decoding (``NEXTN``) with the
+cycle-cost depth controller, whose tokens must equal plain greedy decoding (issue 40)."""
+
+import unittest
+
+from gpu_cases import PROMPTS, generate
+from serving_checks import GpuServingChecks
+from sglang.test.test_utils import CustomTestCase
+
+QWEN_ARGS = ["--attention-backend", "sgl_hybrid_qsa", "--linear-attn-backend", "sgl_hybrid"]
+MTP_ARGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--speculative-adaptive",
+            "--speculative-depth-controller", "cycle-cost"]
+
+
+class TestQwen38GPU(GpuServingChecks, CustomTestCase):
+    fixture = "qwen38-tiny"
+    server_args = QWEN_ARGS
+    our_calls = ("qsa_backend=sgl_hybrid", "gdn_decode=triton", "gdn_extend=triton")
+
+
+class TestQwen38MTPGPU(GpuServingChecks, CustomTestCase):
+    """Same checks with MTP on: every continuation must still be the plain greedy one."""
+
+    fixture = "qwen38-tiny"
+    server_args = QWEN_ARGS + MTP_ARGS
+    our_calls = ("qsa_backend=sgl_hybrid", "gdn_verify=sgl_hybrid")
+    check_taps = False  # the draft's extends interleave with the target's; parity is TestQwen38GPU's
+
+    @classmethod
+    def _run_requests(cls, url):
+        super()._run_requests(url)
+        # a longer continuation, so that drafts are accepted and rejected many times
+        cls.long_run = generate(url, PROMPTS["medium"], n=48)[0]
+
+    def test_speculation_accepted_drafts(self):
+        acc = self.long_run["meta_info"].get("spec_verify_ct"), self.long_run["meta_info"].get("completion_tokens")
+        self.assertIsNotNone(acc[0], f"no speculative verify count in meta_info: {self.long_run['meta_info']}")
+        self.assertLess(acc[0], acc[1], f"verify steps {acc[0]} for {acc[1]} tokens: no draft was ever accepted")
+
+
+if __name__ == "__main__":
+    unittest.main()
