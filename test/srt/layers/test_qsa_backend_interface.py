@@ -113,7 +113,33 @@ def test_hooks_leave_other_backends_and_modes_to_upstream(monkeypatch):
     assert qsa_backend._around_fused_kv(lambda *a: "fused", ours, q, None, None, LAYER, fb_extend, topk) == "fused"
     ours.forward_metadata = be.forward_metadata
     assert qsa_backend._around_paged(lambda *a: "upstream", ours, q, LAYER, fb_extend, topk) == "upstream"
+    # graph metadata without the rows' request-pool indices (or without req_to_token): upstream's path
     ours.forward_metadata = SimpleNamespace(**vars(be.forward_metadata), is_cuda_graph=True)  # placeholder table
     assert qsa_backend._around_paged(lambda *a: "upstream", ours, q, LAYER, fb, topk) == "upstream"
     monkeypatch.setattr(qsa_backend, "_on_accelerator", lambda q: False)  # CPU serving: upstream's path
     assert qsa_backend._around_paged(lambda *a: "upstream", ours, q, LAYER, fb, topk) == "upstream"
+
+
+@pytest.mark.parametrize("lens,T", [([9, 14, 3, 20, 11], 1), ([9, 14, 6], 3)])
+def test_cuda_graph_metadata_reads_req_to_token_rows(lens, T, monkeypatch):
+    """Under CUDA graphs upstream's metadata has a one-column placeholder ``token_slot_table`` and the rows'
+    request-pool indices; ours gathers the page table from ``req_to_token`` and equals upstream's eager result."""
+    monkeypatch.setattr(qsa_backend, "_on_accelerator", lambda q: True)
+    gen = torch.Generator().manual_seed(11)
+    be = _backend(gen)
+    q, fb, topk = _batch(gen, be, lens, T, True)
+    want = _upstream(be, q, topk)
+    eager = be.forward_metadata
+    rows = eager.token_slot_table.shape[0]
+    pool_rows = torch.randperm(32, generator=gen)[: len(lens)]
+    be.req_to_token = torch.zeros(32, 2100, dtype=torch.int32)  # [pool rows, max_context_len > 2,048: sparse walk]
+    be.req_to_token[pool_rows, : eager.token_slot_table.shape[1]] = eager.token_slot_table[T - 1 :: T]
+    be.forward_metadata = SimpleNamespace(
+        token_slot_table=torch.zeros(rows, 1, dtype=torch.int32), sequence_lengths=eager.sequence_lengths,
+        token_to_batch_idx=eager.token_to_batch_idx, row_req_pool_indices=pool_rows.repeat_interleave(T).int(),
+        is_cuda_graph=True)
+    be._logical_to_physical = lambda *a: pytest.fail("graph rows must not go through the placeholder table")
+    called = []
+    out = qsa_backend._around_paged(lambda *a: called.append(a), be, q, LAYER, fb, topk)
+    assert not called
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

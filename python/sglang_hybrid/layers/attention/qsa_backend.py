@@ -28,8 +28,10 @@ when its guards hold (``choose_qsa_path``: every visible position <= 2,048 by
 the table's host-side width, ``T x G <= 64``, batch >= 4, not a draft step that
 reuses an earlier selection: upstream's ``should_reuse_mtp_sparse_indices``),
 else our sparse walk. Outside the contract (CPU tensors, rows not in the chain
-layout, FP8 / quantised pools, CUDA graphs: upstream's graph metadata carries a
-one-column placeholder table) upstream's own path runs.
+layout, FP8 / quantised pools) upstream's own path runs. Under CUDA graphs upstream's
+metadata carries a one-column placeholder table: the page table is then gathered from
+``req_to_token`` by the rows' request-pool indices inside the graph
+(:func:`graph_token_table`; as wide as the context, so the dense special case is not taken).
 """
 
 from __future__ import annotations
@@ -72,10 +74,24 @@ def _rows_per_request(forward_batch, rows: int) -> Optional[int]:
     return None  # draft extend: rows per request vary
 
 
-def kernel_arguments(metadata, rows: int, T: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def graph_token_table(backend, metadata) -> Optional[torch.Tensor]:
+    """Under CUDA graphs upstream's metadata carries a one-column placeholder ``token_slot_table``; the
+    rows' request-pool indices (``row_req_pool_indices``, refilled before every replay) select the rows
+    of ``req_to_token`` instead: ``[rows, max_context_len]`` int32, gathered on the device inside the
+    graph. ``None`` when either is missing."""
+    req_to_token = getattr(backend, "req_to_token", None)
+    rows_idx = getattr(metadata, "row_req_pool_indices", None)
+    if req_to_token is None or rows_idx is None:
+        return None
+    return req_to_token[rows_idx.long()].to(torch.int32)
+
+
+def kernel_arguments(metadata, rows: int, T: int, table: Optional[torch.Tensor] = None
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(page_table [B, W] int32, kv_lens [B] int32, qo_indptr [B + 1] int32)`` from upstream's per-row
-    metadata, ``B = rows / T`` requests of ``T`` consecutive rows (each request's last row)."""
-    table = metadata.token_slot_table
+    metadata, ``B = rows / T`` requests of ``T`` consecutive rows (each request's last row).
+    ``table``: the per-row token table to use instead of ``metadata.token_slot_table`` (CUDA graphs)."""
+    table = metadata.token_slot_table if table is None else table
     lens = metadata.sequence_lengths.to(torch.int32)
     page_table = table[T - 1 :: T]
     qo = torch.arange(0, rows + 1, T, dtype=torch.int32, device=table.device)
@@ -98,11 +114,13 @@ def forward_paged(backend, q: torch.Tensor, layer, forward_batch, topk_indices: 
     rows = q.shape[0]
     T = _rows_per_request(forward_batch, rows)
     metadata = backend._resolve_metadata(forward_batch)
+    graph = getattr(metadata, "is_cuda_graph", False) or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    table = graph_token_table(backend, metadata) if graph else None
     why = None
     if T is None:
         why = f"mode {forward_batch.forward_mode}: rows per request not fixed"
-    elif getattr(metadata, "is_cuda_graph", False) or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        why = "CUDA-graph metadata (its token_slot_table is a one-column placeholder)"
+    elif graph and table is None:
+        why = "CUDA-graph metadata without row_req_pool_indices / req_to_token"
     elif metadata.token_slot_table.shape[0] != rows or metadata.token_to_batch_idx.numel() != rows:
         why = "metadata rows are not one per query row"
     elif k_buf.dtype != q.dtype or v_buf.dtype != q.dtype:
@@ -113,7 +131,7 @@ def forward_paged(backend, q: torch.Tensor, layer, forward_batch, topk_indices: 
         record_choice("qsa_backend", "upstream", f"sgl_hybrid_qsa: upstream kernel for {why}", log=logger)
         return None
     logical = backend._expand_block_indices(topk_indices, metadata).to(torch.int32)
-    page_table, kv_lens, qo = kernel_arguments(metadata, rows, T)
+    page_table, kv_lens, qo = kernel_arguments(metadata, rows, T, table)
     reuse = bool(backend.should_reuse_mtp_sparse_indices(forward_batch)) if hasattr(backend, "should_reuse_mtp_sparse_indices") else False
     out, _ = qsa_attention(q, k_buf, v_buf, page_table, kv_lens, qo, logical, float(layer.scaling),
                            max_kv_len=int(page_table.shape[1]), max_seqlen_q=T, compress_ratio=1, page_size=1,
