@@ -121,3 +121,37 @@ def test_target_verify_refuses_ragged_windows_given_on_the_host():
             intermediate_states_buffer=torch.zeros(2, T, H, K, K), intermediate_state_indices=torch.tensor([0, 1]),
             cache_steps=T, retrieve_parent_token=None, lower_bound=LB)
     assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("force_triton", [True, False])
+def test_target_verify_takes_strided_index_columns(force_triton):
+    """Issue 42: ``cache_indices`` and ``intermediate_state_indices`` as column 0 of ``[B, 4]`` int32 tables give
+    the same output and scratch, bit for bit, as the same indices contiguous; scratch rows of the other columns
+    stay NaN. A slot past its pool is refused by the argument's name."""
+    gen = torch.Generator().manual_seed(9)
+    B, T = 3, 2
+    N = B * T
+    q, k, v = (torch.randn(1, N, H, K, generator=gen) for _ in range(3))
+    a, b = torch.randn(N, H * K, generator=gen), torch.randn(N, H, generator=gen)
+    A_log, dt_bias = torch.rand(1, 1, H, 1, generator=gen), torch.randn(H * K, generator=gen)
+    pool = torch.randn(6, H, K, K, generator=gen)
+    idx_table = torch.tensor([[4, 0, 5, 2], [-1, 3, 0, 5], [1, 2, 3, 0]], dtype=torch.int32)
+    row_table = torch.tensor([[2, 0, 5, 1], [0, 5, 4, 3], [4, 1, 3, 5]], dtype=torch.int32)
+
+    def run(idx, rows):
+        scratch = torch.full((6, T, H, K, K), float("nan"))
+        o = SglHybridKDAKernel(force_triton).target_verify(
+            A_log, dt_bias, q, k, v, a, b, ssm_states=pool, cache_indices=idx, query_start_loc=None,
+            intermediate_states_buffer=scratch, intermediate_state_indices=rows, cache_steps=T,
+            retrieve_parent_token=None, lower_bound=LB)
+        return o, scratch
+
+    want_o, want_s = run(idx_table[:, 0].contiguous(), row_table[:, 0].contiguous())
+    got_o, got_s = run(idx_table[:, 0], row_table[:, 0])
+    assert torch.equal(got_o, want_o) and not got_o.isnan().any()
+    torch.testing.assert_close(got_s, want_s, rtol=0, atol=0, equal_nan=True)
+    assert got_s[[1, 3, 5]].isnan().all() and not got_s[[2, 4]].isnan().any()
+    with pytest.raises(ValueError, match="cache_indices: slot 6 is outside ssm_states"):
+        run(torch.tensor([4, 6, 1]), row_table[:, 0])
+    with pytest.raises(ValueError, match="intermediate_state_indices: slot 7 is outside intermediate_states_buffer"):
+        run(idx_table[:, 0], torch.tensor([0, 7, 1]))

@@ -27,6 +27,7 @@ import torch
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_recurrent
 from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
 from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
+from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices
 from sgl_hybrid_kernel.gdn.reference import gdn_gate
 from sgl_hybrid_kernel.kda.reference import kda_gate
 from sgl_hybrid_kernel.norm.reference import l2_norm
@@ -122,8 +123,9 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
         ``[1, B*T, HV, V]`` in ``v.dtype``.
 
     Raises:
-        ValueError: token count not ``B * cache_steps``, or a CPU ``query_start_loc`` not uniform (a GPU one
-            is not read on the host: no sync, CUDA-graph capture safe).
+        ValueError: token count not ``B * cache_steps``, or a CPU ``query_start_loc`` not uniform, or a CPU
+            ``cache_indices`` / ``intermediate_state_indices`` entry past its pool (GPU ones are not read on the
+            host: no sync, CUDA-graph capture safe). Index tensors may have any stride.
     """
     _, N, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -141,7 +143,11 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
     beta = b.reshape(N, HV)
     buf = intermediate_states_buffer
     steps = buf.shape[1]
-    rows = intermediate_state_indices[:B].to(torch.long)
+    # Any stride (upstream hands out columns of its tables): the kernel wrapper makes ``cache_indices``
+    # unit-stride, ``rows`` is rebuilt below; range-checked by name on CPU only (a GPU check would sync).
+    cache_indices = slot_indices("cache_indices", cache_indices, ("ssm_states", ssm_states.shape[0]))
+    rows = slot_indices("intermediate_state_indices", intermediate_state_indices[:B],
+                        ("intermediate_states_buffer", buf.shape[0])).to(torch.long)
     if force_triton or choose_recurrent(q2, v2, ssm_states) == "triton":
         t = torch.arange(T, device=rows.device)
         inter_idx = torch.where(rows[:, None] >= 0, rows[:, None] * steps + t[None, :], -1).reshape(-1).to(torch.int32)

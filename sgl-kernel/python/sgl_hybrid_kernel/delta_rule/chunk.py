@@ -11,6 +11,7 @@ import triton
 
 from sgl_hybrid_kernel.delta_rule.chunk_parallel import gated_delta_chunk_parallel, int32_to_device, seq_plan
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_group_scan, device_kind
+from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices, unit_stride
 from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
 from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
@@ -92,8 +93,10 @@ def gated_delta_chunk_triton(
 
     Raises:
         ValueError: bad ``gate``/layout/``method``/``group_scan``/``group_chunks``, a checkpoint not on
-            the chunk grid, ``group_scan`` with ``method="sequential"``, or ``seq_lens_cpu`` of another
-            length than ``cu_seqlens`` has sequences or summing past ``q``'s tokens.
+            the chunk grid, ``group_scan`` with ``method="sequential"``, ``seq_lens_cpu`` of another
+            length than ``cu_seqlens`` has sequences or summing past ``q``'s tokens, a checkpoint slot
+            past ``checkpoint_pool``, or (CPU tensors only: on a GPU it would sync) a slot of
+            ``state_indices`` past ``state``. Index tensors may have any stride (made unit-stride here).
     """
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -136,8 +139,14 @@ def gated_delta_chunk_triton(
         for seq, pos, dst in checkpoints:
             if not 1 <= pos <= lens[seq] or (pos % CHUNK and pos != lens[seq]):
                 raise ValueError(f"checkpoint position {pos} of sequence {seq} is not on the {CHUNK}-token grid or its end")
+            if dst >= checkpoint_pool.shape[0]:
+                raise ValueError(f"checkpoints: slot {dst} is outside checkpoint_pool ({checkpoint_pool.shape[0]} slots)")
     if has_initial_state is None:
         has_initial_state = plan.ones
+    # The kernels load index tensors as ``ptr + i``: unit stride (issue 42; no copy when contiguous, slot_index.py).
+    state_indices = slot_indices("state_indices", state_indices, ("state", state.shape[0]))
+    has_initial_state = unit_stride(has_initial_state.to(torch.int32))
+    cu_seqlens = unit_stride(cu_seqlens)
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
     rocm = device_kind(q) == "rocm"
     if tf32 is None:
@@ -159,7 +168,7 @@ def gated_delta_chunk_triton(
         elif group_scan is not True:
             group_chunks = None
         return gated_delta_chunk_parallel(
-            q, k, v, f, b, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
+            q, k, v, f, b, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state,
             kind, lower_bound, K ** -0.5 if scale is None else scale, l2norm, state_layout, checkpoints,
             checkpoint_pool, plan, value_tile=value_tile, tf32=tf32, scratch_dtype=scratch_dtype, out=out,
             num_warps=num_warps, group_chunks=group_chunks)
@@ -172,7 +181,7 @@ def gated_delta_chunk_triton(
     cp = checkpoint_pool if ckpt_idx is not None else state
     value_tile = value_tile or 32
     gated_delta_chunk_kernel[(triton.cdiv(V, value_tile), S * HV)](
-        q, k, v, f, b, o, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state.to(torch.int32),
+        q, k, v, f, b, o, A_log, dt_bias, cu_seqlens, state, state_indices, has_initial_state,
         cp, ckpt_idx if ckpt_idx is not None else state_indices, max_chunks,
         K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
         *strides(state), *strides(cp),

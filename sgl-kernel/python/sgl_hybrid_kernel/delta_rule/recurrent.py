@@ -23,6 +23,7 @@ from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
 )
 from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_fold, lanes_v_first,
                                                        prep_heads_per_program, token_prep_kernel)
+from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices, unit_stride
 from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
 from sgl_hybrid_kernel.platform import device_platform
 
@@ -242,8 +243,12 @@ def gated_delta_recurrent_triton(
     Returns:
         ``o`` ``[N, HV, V]`` in ``v.dtype``.
 
+    Index tensors (``state_indices``, ``inter_indices``, ``accept_prev``) may have any stride: the wrapper
+    makes them unit-stride (no copy when contiguous; ``slot_index.py``).
+
     Raises:
-        ValueError: bad ``gate``/``state_layout`` or inconsistent shapes.
+        ValueError: bad ``gate``/``state_layout`` or inconsistent shapes; on CPU tensors, a slot of
+            ``state_indices`` / ``inter_indices`` past its pool (not checked on a GPU: it would sync).
     """
     N, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -268,6 +273,18 @@ def gated_delta_recurrent_triton(
         s0, s1, s2, s3 = t.stride()
         return (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
 
+    # The kernels load every index tensor as ``ptr + i``: unit stride (a strided column would read other
+    # requests' slots, issue 42); no copy when already contiguous, range-checked only on CPU (slot_index.py).
+    slot_pools = [(name, t.shape[0]) for name, t in (("state", state), ("replay_buffer", replay_buffer),
+                                                     ("replay_prev", replay_prev)) if t is not None]
+    state_indices = slot_indices("state_indices", state_indices, *slot_pools)
+    if inter_state is not None:
+        if inter_indices is None:
+            raise ValueError("inter_state given without inter_indices")
+        inter_indices = slot_indices("inter_indices", inter_indices.to(state_indices.dtype),
+                                     ("inter_state", inter_state.shape[0]))
+    if accept_prev is not None:
+        accept_prev = unit_stride(accept_prev.to(state_indices.dtype))
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
     o = out if out is not None else torch.empty_like(v)
     BV = value_tile or pick_value_tile(B, HV, V, T, state_layout, device_value_tile_tuning(q.device), kind != GATE_GDN)

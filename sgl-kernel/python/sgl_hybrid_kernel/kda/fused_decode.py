@@ -8,6 +8,7 @@ import torch
 import triton
 
 from sgl_hybrid_kernel.delta_rule.recurrent import pick_value_tile
+from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices
 from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 
 # Persistent per-device workspaces (sum of squares, arrival counters). The
@@ -54,7 +55,7 @@ def kda_fused_decode(
         f: ``[B, H * K]`` raw forget-gate projection; b: ``[B, H]`` raw beta.
         A_log: ``[H]``; dt_bias: ``[H * K]``; lower_bound: safe-gate bound or ``None``.
         state: FP32 pool ``[slots, H, V, K]`` (``"vk"``, SGLang) or ``[slots, H, K, V]`` (``"kv"``); updated in place.
-        state_indices: ``[B]`` slots; negative = padding row (zeros out, pools untouched).
+        state_indices: ``[B]`` slots of both pools, any stride; negative = padding row (zeros out, pools untouched).
         out_gate: ``[B, H * V]`` raw output-gate projection; norm_weight: ``[V]``; eps: RMSNorm epsilon.
         scale: default ``K ** -0.5``; value_tile: ``BV`` override.
         out: optional ``[B, H, V]`` buffer (written in place).
@@ -63,7 +64,8 @@ def kda_fused_decode(
         ``[B, H, V]``: ``rms_norm(o) * norm_weight * sigmoid(out_gate)``.
 
     Raises:
-        ValueError: on inconsistent shapes or an unknown ``state_layout``.
+        ValueError: on inconsistent shapes or an unknown ``state_layout``; on CPU tensors, a slot past
+            ``state`` or ``conv_state`` (not checked on a GPU: it would sync).
     """
     B, C = mixed_qkv.shape
     H = A_log.numel()
@@ -75,6 +77,9 @@ def kda_fused_decode(
             f"inconsistent shapes: mixed_qkv {tuple(mixed_qkv.shape)}, conv_state {tuple(conv_state.shape)}, "
             f"conv_weight {tuple(conv_weight.shape)}, H={H}, K={K}, V={V}, state_indices {tuple(state_indices.shape)}"
         )
+    # The kernel loads ``state_idx_ptr + i``: unit stride (issue 42; no copy when contiguous, delta_rule/slot_index.py).
+    state_indices = slot_indices("state_indices", state_indices, ("state", state.shape[0]),
+                                 ("conv_state", conv_state.shape[0]))
     if state_layout == "vk":
         s_slot, s_h, s_v, s_k = state.stride()
     elif state_layout == "kv":
