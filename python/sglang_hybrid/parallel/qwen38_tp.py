@@ -47,7 +47,7 @@ from torch import nn
 
 from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
 
-from sglang_hybrid.parallel.spec import ParallelSpec, shard_range
+from sglang_hybrid.parallel.spec import ParallelSpec, check_heads_divide, shard_range
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +184,22 @@ def checkpoint_sized_config(text_config):
     return cfg
 
 
+def check_qwen38_heads(text_config, tp_size: int) -> None:
+    """Refuse at start-up (before any weight is loaded) the head counts ``--tp`` cannot cut: GDN key and
+    value heads, QSA query heads, QSA KV heads unless a single one (replicated, :func:`shard_qsa`).
+    ``text_config``: the checkpoint-sized text config (:func:`checkpoint_sized_config`).
+
+    Raises:
+        ValueError: naming the config field, its value and the TP width (``spec.check_heads_divide``).
+    """
+    heads = {f: getattr(text_config, f, None) for f in ("num_attention_heads", "linear_num_key_heads",
+                                                       "linear_num_value_heads")}
+    kv = getattr(text_config, "num_key_value_heads", None)
+    if kv != 1:
+        heads["num_key_value_heads"] = kv
+    check_heads_divide(tp_size, heads, "Qwen3.8")
+
+
 def shard_qwen38_text_model(model, spec: ParallelSpec):
     """Cut every GDN / QSA / MoE block of a loaded ``Qwen38TextModel`` to rank ``spec.tp_rank`` (in place).
 
@@ -191,11 +207,13 @@ def shard_qwen38_text_model(model, spec: ParallelSpec):
     width 1 leaves the model unchanged.
 
     Raises:
-        ValueError: ``spec.dcp_size > 1`` (DCP is for MLA; Qwen3.8 has none),
-            or a shape the TP width does not divide (see the block functions).
+        ValueError: ``spec.dcp_size > 1`` (DCP is for MLA; Qwen3.8 has none), a head count the TP
+            width does not divide (:func:`check_qwen38_heads`, naming the config field), or an
+            intermediate size it does not divide (see the block functions).
     """
     if spec.dcp_size != 1:
         raise ValueError("dcp_size must be 1: decode context parallel applies to MLA (Kimi K3), not QSA")
+    check_qwen38_heads(model.config, spec.tp_size)
     model.parallel = spec
     if spec.tp_size == 1:
         if spec.moe_owned_output:

@@ -20,7 +20,7 @@ Layout rules (issue 8; as upstream SGLang shards its models):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,27 @@ def shard_range(n: int, rank: int, size: int) -> slice:
         raise ValueError(f"size={size} does not divide the dimension n={n}")
     step = n // size
     return slice(rank * step, (rank + 1) * step)
+
+
+def check_heads_divide(tp_size: int, heads: Dict[str, int], model: str = "the checkpoint") -> None:
+    """Refuse at start-up a head count that ``--tp`` does not split into whole heads per rank.
+
+    Without this check the first symptom is a tensor-shape mismatch while loading weights (on
+    ``--device cpu`` upstream pads the attention heads up to a multiple of the TP width before the
+    model is built, so the model's shapes no longer match the checkpoint; issue 42).
+
+    Args:
+        tp_size: the TP width (``--tp``).
+        heads: config field -> the checkpoint's head count (e.g. ``{"num_attention_heads": 3}``).
+        model: the model's name, for the message.
+
+    Raises:
+        ValueError: naming every field ``tp_size`` does not divide, its value and the TP width.
+    """
+    bad = [f"{field}={n}" for field, n in heads.items() if n is not None and n % tp_size]
+    if bad:
+        raise ValueError(f"--tp {tp_size} does not divide {model}'s {', '.join(bad)}: every TP rank must hold "
+                         f"whole heads; use a --tp that divides them")
 
 
 @dataclass

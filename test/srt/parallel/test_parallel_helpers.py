@@ -109,5 +109,62 @@ class TestMoeOwnership(unittest.TestCase):
             owned_weight_bytes_saved(7168, 3584, 92, 3)
 
 
+class TestHeadsTpDivide(unittest.TestCase):
+    """Issue 42: a head count ``--tp`` does not divide is refused at model construction, naming the config field,
+    its value and the TP width (it used to surface as a shape mismatch while loading, or ``n=3`` without a name)."""
+
+    def test_message_names_every_field_and_the_tp_size(self):
+        from sglang_hybrid.parallel.spec import check_heads_divide
+
+        check_heads_divide(2, {"num_attention_heads": 4, "num_key_value_heads": None})
+        with self.assertRaisesRegex(ValueError, r"--tp 2 does not divide Kimi K3's num_attention_heads=3, "
+                                                r"linear_attn_config num_heads=5: every TP rank must hold whole heads"):
+            check_heads_divide(2, {"num_attention_heads": 3, "linear_attn_config num_heads": 5, "other": 4}, "Kimi K3")
+
+    def _kimi_config(self, **changes):
+        from sglang.srt.configs.kimi_linear import KimiLinearConfig
+        from tiny_model import tiny_kimi_k3
+
+        cfg = KimiLinearConfig.from_pretrained(tiny_kimi_k3())  # 4 MLA heads, 4 KDA heads
+        for k, v in changes.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    def test_kimi_k3_refuses_heads_tp_does_not_divide(self):
+        from sglang_hybrid.models.kimi_k3 import KimiK3ReferenceForCausalLM
+
+        # upstream's CPU TP padding: the checkpoint's 3 MLA heads became 4 before the model was built
+        cfg = self._kimi_config(num_attention_heads=4, original_num_attention_heads=3)
+        with self.assertRaisesRegex(ValueError, r"--tp 2 does not divide Kimi K3's num_attention_heads=3:"):
+            KimiK3ReferenceForCausalLM(cfg, parallel=ParallelSpec(tp_rank=0, tp_size=2))
+        cfg = self._kimi_config()
+        cfg.linear_attn_config = {**cfg.linear_attn_config, "num_heads": 6}
+        with self.assertRaisesRegex(ValueError, r"--tp 4 does not divide Kimi K3's linear_attn_config num_heads=6"):
+            KimiK3ReferenceForCausalLM(cfg, parallel=ParallelSpec(tp_rank=1, tp_size=4))
+        KimiK3ReferenceForCausalLM(self._kimi_config(), parallel=ParallelSpec(tp_rank=1, tp_size=2))  # 4 / 2: fine
+
+    def test_qwen38_refuses_heads_tp_does_not_divide_before_loading(self):
+        from unittest import mock
+
+        from sglang.srt.configs.qwen4_exp import Qwen4ExpConfig
+
+        from sglang_hybrid.models.qwen38.model import Qwen38ReferenceForConditionalGeneration, text_config_of
+        from sglang_hybrid.parallel.qwen38_tp import shard_qwen38_text_model
+        from tiny_model import tiny_qwen38
+
+        cfg = Qwen4ExpConfig.from_pretrained(tiny_qwen38())  # 4 query heads, 1 KV head, GDN 2 key / 4 value heads
+        text = text_config_of(cfg)
+        text.num_attention_heads, text.original_num_attention_heads = 4, 6  # upstream's CPU TP padding of 6
+        with mock.patch("sglang_hybrid.models.qwen38.model.ParallelSpec.from_sglang",
+                        return_value=ParallelSpec(tp_rank=0, tp_size=4)):
+            with self.assertRaisesRegex(ValueError, r"--tp 4 does not divide Qwen3.8's num_attention_heads=6, "
+                                                    r"linear_num_key_heads=2: every TP rank"):
+                Qwen38ReferenceForConditionalGeneration(cfg)
+        text = text_config_of(Qwen4ExpConfig.from_pretrained(tiny_qwen38()))
+        text.num_key_value_heads = 3  # neither 1 (replicated) nor a multiple of the TP width
+        with self.assertRaisesRegex(ValueError, r"--tp 2 does not divide Qwen3.8's num_key_value_heads=3"):
+            shard_qwen38_text_model(type("M", (), {"config": text, "layers": []})(), ParallelSpec(tp_rank=0, tp_size=2))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -35,7 +35,7 @@ from sglang_hybrid.models.kimi_k3.kda import KimiK3KDA, _param
 from sglang_hybrid.models.kimi_k3.mla import KimiK3MLA
 from sglang_hybrid.models.kimi_k3.moe import KimiK3MoE, SwiGLUMLP
 from sglang_hybrid.models.kimi_k3.weights import ShardSpec, load_checkpoint
-from sglang_hybrid.parallel.spec import ParallelSpec
+from sglang_hybrid.parallel.spec import ParallelSpec, check_heads_divide
 
 logger = logging.getLogger(__name__)
 
@@ -158,9 +158,21 @@ class _ResidualStream:
         return rms_norm(mixed, norm_weight, self.eps)
 
 
+def kimi_k3_head_counts(config) -> Dict[str, int]:
+    """The checkpoint's head counts TP splits: MLA query heads (``original_num_attention_heads`` when
+    upstream padded them for its CPU TP kernels) and KDA heads (``linear_attn_config num_heads``)."""
+    heads = {"num_attention_heads": getattr(config, "original_num_attention_heads", None) or config.num_attention_heads}
+    la = getattr(config, "linear_attn_config", None)
+    if la and la.get("num_heads") is not None:
+        heads["linear_attn_config num_heads"] = la["num_heads"]
+    return heads
+
+
 class KimiK3ReferenceModel(nn.Module):
     def __init__(self, config, parallel: Optional[ParallelSpec] = None, served: bool = True):
         super().__init__()
+        if parallel is not None:
+            check_heads_divide(parallel.tp_size, kimi_k3_head_counts(config), "Kimi K3")
         self.config = config
         if served:
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)

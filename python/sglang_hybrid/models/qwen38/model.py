@@ -42,7 +42,7 @@ from sglang_hybrid.models.qwen38.moe import Qwen38MoE
 from sglang_hybrid.models.qwen38.ple import PLELayer
 from sglang_hybrid.models.qwen38.precision import apply_precision_paths
 from sglang_hybrid.models.qwen38.qsa import Qwen38QSA
-from sglang_hybrid.parallel.qwen38_tp import checkpoint_sized_config, shard_qwen38_text_model
+from sglang_hybrid.parallel.qwen38_tp import check_qwen38_heads, checkpoint_sized_config, shard_qwen38_text_model
 from sglang_hybrid.parallel.spec import ParallelSpec
 
 logger = logging.getLogger(__name__)
@@ -249,6 +249,7 @@ class Qwen38ReferenceForConditionalGeneration(nn.Module):
         self.config = config
         # The checkpoint's head counts / intermediates (upstream pads them for its CPU TP kernels).
         text = checkpoint_sized_config(text_config_of(config))
+        check_qwen38_heads(text, self.parallel.tp_size)  # before any weight: the fields by name, not a shape mismatch
         self.text_config = text
         for op in ("qsa_attention", "qsa_select", "moe_routing", "moe_experts", "hyper_connection", "ple"):
             record_choice(op, "torch", "Qwen3.8 CPU reference model (plain-torch oracle)", log=logger)
