@@ -121,7 +121,8 @@ class TestKimiK3Server(CustomTestCase, BasicAPIContractMixin, BasicDecodeCorrect
         self.assertGreater(after["kernel_calls"]["kda_decode=torch"], before["kernel_calls"].get("kda_decode=torch", 0))
 
     def test_prompts_that_crash_upstream_get_400_and_server_keeps_serving(self):
-        """Out-of-vocabulary ids and an empty text prompt kill upstream's scheduler; our hook returns 400."""
+        """Out-of-vocabulary ids, an empty text prompt and ``logprob_start_len < -1`` kill upstream's scheduler;
+        our hook returns 400 and the server keeps serving the same greedy output."""
         ids = random_ids(20, 30)
         before = generate(self.base_url, ids)["output_ids"]
         r = requests.post(self.base_url + "/generate", json={"text": "", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
@@ -133,7 +134,18 @@ class TestKimiK3Server(CustomTestCase, BasicAPIContractMixin, BasicDecodeCorrect
             self.assertIn("outside the vocabulary [0, 965)", r.text)
         r = requests.post(self.base_url + "/v1/completions", json={"model": self.model, "prompt": [3, 5000], "max_tokens": 2}, timeout=60)
         self.assertEqual(r.status_code, 400, r.text)
+        # logprob_start_len < -1 with return_logprob: an AssertionError in upstream's scheduler (issue 42).
+        # (/v1/completions sets logprob_start_len 0 or -1 itself: it cannot send one.)
+        for start in (-2, -100):
+            r = requests.post(self.base_url + "/generate", json={"input_ids": ids, "return_logprob": True, "logprob_start_len": start,
+                                                                 "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+            self.assertEqual(r.status_code, 400, r.text)
+            self.assertIn(f"logprob_start_len must be -1 (no prompt logprobs) or a prompt position >= 0, got {start}", r.text)
         self.assertEqual(generate(self.base_url, ids)["output_ids"], before)
+        r = requests.post(self.base_url + "/generate", json={"input_ids": ids, "return_logprob": True, "logprob_start_len": -1,
+                                                             "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}, timeout=60)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["output_ids"], before[:2])
 
     def test_stop_string_from_own_output(self):
         """Stop strings, weight-independent: stop on a string the model is known to produce."""

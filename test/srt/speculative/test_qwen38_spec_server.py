@@ -118,6 +118,15 @@ class TestQwen38SpecServer(CustomTestCase):
             cls.k4_reuse += [cls.k4_prompts[0], system + random_ids(30, 30)]
             with ThreadPoolExecutor(4) as pool:
                 cls.k4_second = list(pool.map(lambda p: generate(url, p, 8), cls.k4_reuse))
+            # n > 1 with sampling: upstream's verify is greedy on CPU, so the server refuses it by name (issue 42);
+            # n > 1 greedy is served; then the first prompt again (still serving, same tokens).
+            sampled = {"n": 2, "temperature": 0.8, "max_new_tokens": 4, "ignore_eos": True}
+            cls.sampled_n = requests.post(url + "/generate", json={"input_ids": cls.k4_prompts[0], "sampling_params": sampled},
+                                          timeout=300)
+            cls.greedy_n = requests.post(url + "/generate", json={"input_ids": cls.k4_prompts[0],
+                                                                  "sampling_params": {**sampled, "temperature": 0.0}},
+                                         timeout=300)
+            cls.after_sampled_n = generate(url, cls.k4_prompts[0], 12)
             cls.metrics = requests.get(url + "/metrics", timeout=60).text
             cls.log = open(server.log_path, encoding="utf-8", errors="replace").read()
 
@@ -143,6 +152,14 @@ class TestQwen38SpecServer(CustomTestCase):
         # Every reuse request resumed from a stored state (at least the 64-token checkpoint).
         cached = [o["meta_info"]["cached_tokens"] for o in self.k4_second]
         self.assertTrue(all(c >= 64 for c in cached), cached)
+
+    def test_sampled_n_is_refused_and_greedy_n_served(self):
+        self.assertEqual(self.sampled_n.status_code, 400, self.sampled_n.text)
+        self.assertIn("n=2 with temperature=0.8: this server runs speculative decoding (NEXTN) on CPU, whose verify is "
+                      "greedy", self.sampled_n.text)
+        self.assertEqual(self.greedy_n.status_code, 200, self.greedy_n.text)
+        self.assertEqual([o["output_ids"] for o in self.greedy_n.json()], [self.k4_first[0]["output_ids"][:4]] * 2)
+        self.assertEqual(self.after_sampled_n["output_ids"], self.k4_first[0]["output_ids"])
 
     def test_accept_statistics_in_meta_info(self):
         outs = self.k4_first + self.k4_second
