@@ -240,6 +240,17 @@ ANCHORS: List[Anchor] = [
     ),
     # Speculative decoding on CPU (issue 6): platforms/cpu_spec.py, models/qwen38/mtp_draft.py.
     Anchor(
+        "sglang.srt.arg_groups.pipeline.run_resolution_pipeline",
+        "CPU: resolution hook around handle_speculative_decoding refusing Kimi K3 speculation (issue 42 defect 3); "
+        "it runs in the launcher, after the model config is known",
+        snippet="run_hook(handle_speculative_decoding, server_args)",
+    ),
+    Anchor(
+        "sglang.srt.arg_groups.resolution_hooks.register_resolution_hook",
+        "upstream's plugin API for wrapping a named resolution step (it raises if handle_speculative_decoding "
+        "is no longer overridable)",
+    ),
+    Anchor(
         "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify",
         "CPU: AROUND hook committing the accepted verify step in torch (upstream's scatter is CUDA/XPU only)",
     ),

@@ -23,11 +23,22 @@ model computes QSA itself (compressed keys recomputed from FP32 raw index keys
 each forward, ``models/qwen38/qsa.py``) and reads none of that backend's
 metadata, so the width limit does not apply there; the chain-only (topk = 1)
 check is kept.
+
+Third hook: Kimi K3 (``KimiK3LinearForCausalLM``) with any ``--speculative-algorithm`` on
+``--device cpu`` is refused while the launcher resolves its arguments, before a model loads
+(issue 42, defect 3). Our CPU KDA backend has no target-verify path
+(``HybridKDAAttnBackend.forward_extend`` raises), and our CPU reference model has no MTP
+layers, so each algorithm failed later in the scheduler with an unrelated error: NGRAM an
+ImportError from the ``sgl_kernel`` stand-in, NEXTN an AttributeError (``get_embed_and_head``),
+STANDALONE "torch_native not supported". The check wraps upstream's resolution step
+``handle_speculative_decoding`` (``register_resolution_hook``, upstream's plugin API), where
+the target's architecture is known (``model_config_of``). GPU devices are not checked.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable, Optional
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -84,7 +95,67 @@ def require_chain_speculation_cpu(self, forward_mode, spec_info) -> None:
         raise NotImplementedError("Qwen3.8 verify on CPU supports only --speculative-eagle-topk 1 (a draft chain)")
 
 
+SPEC_RESOLUTION_STEP = "handle_speculative_decoding"
+KIMI_K3_ARCHITECTURE = "KimiK3LinearForCausalLM"
+#: Algorithms that draft from the target's own MTP layers when no draft checkpoint is given.
+_MTP_ALGORITHMS = frozenset({"NEXTN", "EAGLE", "EAGLE3"})
+
+
+def cpu_speculation_refusal(algorithm: Optional[str], device: Optional[str], architecture: Optional[str],
+                            draft_model_path: Optional[str] = None) -> Optional[str]:
+    """The start-up error for speculative decoding this CPU build cannot serve, or ``None``.
+
+    Args:
+        algorithm: ``--speculative-algorithm`` as given (any case; ``None``: no speculation).
+        device: the resolved ``--device``; only ``"cpu"`` is checked.
+        architecture: the target checkpoint's ``architectures[0]``.
+        draft_model_path: ``--speculative-draft-model-path`` (``None``: the target's own MTP layers).
+
+    Returns:
+        One message naming the flag, the architecture, the reason and what works instead;
+        ``None`` when the combination is not refused.
+    """
+    if not algorithm or device != "cpu" or architecture != KIMI_K3_ARCHITECTURE:
+        return None
+    name = algorithm.upper()
+    no_verify = "the KDA layers have no target-verify path on CPU (sglang-hybrid's CPU KDA backend)"
+    if name in _MTP_ALGORITHMS and draft_model_path is None:
+        reason = f"sglang-hybrid's CPU reference model has no MTP layers to draft from, and {no_verify}"
+    else:
+        reason = f"{no_verify}, so {name}'s drafts cannot be verified"
+    return (f"--speculative-algorithm {name} is not supported for {architecture} on --device cpu: {reason}. "
+            f"On CPU serve Kimi K3 without --speculative-algorithm; speculative decoding of Kimi K3 "
+            f"runs on a GPU (upstream's {architecture} class and its KDA target-verify path).")
+
+
+def refuse_unsupported_cpu_speculation(server_args, previous: Callable) -> None:
+    """Resolution hook around upstream's ``handle_speculative_decoding`` (module docstring).
+
+    Raises:
+        ValueError: :func:`cpu_speculation_refusal` has a message for these arguments.
+    """
+    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+
+    cfg = resolving_view(server_args)
+    if cfg.speculative_algorithm and cfg.device == "cpu":
+        architectures = getattr(model_config_of(server_args).hf_config, "architectures", None) or [None]
+        message = cpu_speculation_refusal(cfg.speculative_algorithm, cfg.device, architectures[0],
+                                          cfg.speculative_draft_model_path)
+        if message:
+            raise ValueError(message)
+    previous(server_args)
+
+
+_RESOLUTION_HOOK_REGISTERED = False
+
+
 def install() -> None:
     """Register the CPU speculative hooks (call on the CPU platform only)."""
+    global _RESOLUTION_HOOK_REGISTERED
     HookRegistry.register(SCATTER_TARGET, _scatter_around, HookType.AROUND)
     HookRegistry.register(QSA_CHAIN_TARGET, require_chain_speculation_cpu, HookType.REPLACE)
+    if not _RESOLUTION_HOOK_REGISTERED:  # upstream's registry appends: a second wrapper would run twice
+        from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+        register_resolution_hook(SPEC_RESOLUTION_STEP)(refuse_unsupported_cpu_speculation)
+        _RESOLUTION_HOOK_REGISTERED = True
