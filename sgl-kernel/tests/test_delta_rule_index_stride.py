@@ -38,8 +38,9 @@ def _same_for_strided_and_contiguous(run, col=None):
     return got
 
 
-def _untouched(pool):
-    assert pool[[j for j in range(pool.shape[0]) if j not in NAMED]].isnan().all()
+def _untouched(pool) -> bool:
+    """Whether every pool row no request named still holds its NaN."""
+    return bool(pool[[j for j in range(pool.shape[0]) if j not in NAMED]].isnan().all())
 
 
 @pytest.mark.parametrize("kw", [dict(wide=False, value_tile=4), dict(wide=True, value_tile=4),
@@ -59,7 +60,7 @@ def test_decode_and_verify_take_a_strided_state_index_column(kw, T):
 
     o, pool = _same_for_strided_and_contiguous(run)
     assert (o[T:2 * T] == 0).all()  # the padding row
-    _untouched(pool)
+    assert _untouched(pool)
     assert not torch.equal(pool[5], base[5])  # committed
 
 
@@ -100,8 +101,9 @@ def test_replay_commit_takes_strided_accepted_counts():
         replay_commit(pool, idx, acc_col, rb, K, "gdn", value_tile=4)
         return pool[list(NAMED)], pool
 
-    _, pool = _same_for_strided_and_contiguous(run, acc[:, 0])
-    _untouched(pool)
+    named, pool = _same_for_strided_and_contiguous(run, acc[:, 0])
+    assert _untouched(pool)
+    assert not torch.equal(named[0], base[5]) and not torch.equal(named[1], base[3])  # both replays committed
 
 
 @pytest.mark.parametrize("method", ["sequential", "parallel"])
@@ -125,7 +127,7 @@ def test_chunk_prefill_takes_strided_indices_flags_and_offsets(method):
 
     o, pool = _same_for_strided_and_contiguous(run)
     assert (o[20:29] != 0).any()  # the padding row's tokens still produce outputs; its state goes nowhere
-    _untouched(pool)
+    assert _untouched(pool)
 
 
 def test_fused_kda_decode_takes_a_strided_state_index_column():
@@ -144,8 +146,10 @@ def test_fused_kda_decode_takes_a_strided_state_index_column():
         return o, conv, ssm
 
     o, conv, ssm = _same_for_strided_and_contiguous(run)
-    _untouched(conv)
-    _untouched(ssm)
+    assert _untouched(conv) and _untouched(ssm)
+    assert (o[1] == 0).all()  # the padding row (slot -1)
+    assert not torch.equal(ssm[5], ssm0[5]) and not torch.equal(ssm[3], ssm0[3])  # both states updated in place
+    assert not torch.equal(conv[5], conv0[5])  # the conv window advanced
 
 
 def test_slots_outside_the_pool_name_the_argument():
