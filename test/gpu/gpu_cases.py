@@ -57,45 +57,29 @@ def sharpened(base: str, embed_name: str, seed: int = 0) -> str:
     and the MoE output jumps (layer taps: layer 1's MoE output 80 % off while its input agrees to
     2 %), so no GPU run could match them token for token. The per-layer taps
     (``tools/layer_taps.py``) keep the comparison sensitive to every layer."""
-    import shutil
-
     import torch
-    from safetensors.torch import load_file, save_file
 
     import tiny_model
 
-    out = base.rstrip(os.sep) + "-sharp"
-    with tiny_model.build_lock(out):
-        if not os.path.exists(os.path.join(out, "done")):
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.copytree(base, out)
-            path = os.path.join(out, "model.safetensors")
-            w = load_file(path)
-            emb = w[embed_name]
-            perm = torch.randperm(emb.shape[0], generator=torch.Generator().manual_seed(seed))
-            w["lm_head.weight"] = torch.empty_like(emb)
-            w["lm_head.weight"][perm] = emb
-            for name, t in w.items():
-                if name.endswith("e_score_correction_bias"):
-                    w[name] = 1.01 * torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape)
-            save_file(w, path, metadata={"format": "pt"})
-            open(os.path.join(out, "done"), "w").close()
-    return out
+    def edit(w):
+        tiny_model.permute_embedding_into_lm_head(w, embed_name, seed)
+        for name, t in w.items():
+            if name.endswith("e_score_correction_bias"):
+                w[name] = 1.01 * torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape)
+
+    return tiny_model.derived_checkpoint(base, base.rstrip(os.sep) + "-sharp", edit)
 
 
 def model_paths() -> Dict[str, str]:
     """Fixture name -> checkpoint directory (built on first use by ``test/srt/server/tiny_model.py``)."""
     import tiny_model
 
-    paths = {"kimi-k3-tiny": sharpened(tiny_model.tiny_kimi_k3(), "model.embed_tokens.weight")}
-    shaped = getattr(tiny_model, "tiny_kimi_k3_shaped", None)
-    if shaped is not None:
-        paths["kimi-k3-shaped"] = sharpened(shaped(), "model.embed_tokens.weight")
-    from test_qwen38_spec_server import tiny_qwen38_agreeing_mtp
-
-    # the MTP-agreeing checkpoint (lm_head already a permuted embedding): plain and MTP serving
-    paths["qwen38-tiny"] = tiny_qwen38_agreeing_mtp()
-    return paths
+    return {
+        "kimi-k3-tiny": sharpened(tiny_model.tiny_kimi_k3(), "model.embed_tokens.weight"),
+        "kimi-k3-shaped": sharpened(tiny_model.tiny_kimi_k3_shaped(), "model.embed_tokens.weight"),
+        # the MTP-agreeing checkpoint (lm_head already a permuted embedding): plain and MTP serving
+        "qwen38-tiny": tiny_model.tiny_qwen38_agreeing_mtp(),
+    }
 
 
 def checkpoint_digest(model_dir: str) -> str:

@@ -102,3 +102,46 @@ def tiny_kimi_k3_shaped(seed: int = 0) -> str:
         if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
             build("kimi-k3-shaped", out, seed=seed)
     return out
+
+
+def derived_checkpoint(base: str, out: str, edit) -> str:
+    """``out``: a copy of checkpoint ``base`` whose ``model.safetensors`` tensors ``edit(weights)`` changed
+    in place (built once under an inter-process lock; a ``done`` file marks it complete)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    with build_lock(out):
+        if not os.path.exists(os.path.join(out, "done")):
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(base, out)
+            path = os.path.join(out, "model.safetensors")
+            weights = load_file(path)
+            edit(weights)
+            save_file(weights, path, metadata={"format": "pt"})
+            open(os.path.join(out, "done"), "w").close()
+    return out
+
+
+def permute_embedding_into_lm_head(weights, embed_name: str, seed: int = 0) -> None:
+    """``lm_head[perm[v]] = embed[v]`` (``perm`` seeded): the next token leans on the current token's embedding."""
+    import torch
+
+    emb = weights[embed_name]
+    perm = torch.randperm(emb.shape[0], generator=torch.Generator().manual_seed(seed))
+    weights["lm_head.weight"] = torch.empty_like(emb)
+    weights["lm_head.weight"][perm] = emb
+
+
+def tiny_qwen38_agreeing_mtp(seed: int = 0) -> str:
+    """The tiny Qwen3.8 with ``lm_head[perm[v]] = embed[v]`` and ``mtp.fc_embedding = I``: the target's
+    next token and the MTP draft both lean on the current token's embedding, so drafts are often (not
+    always) right. Built once per cache dir."""
+    import torch
+
+    def edit(w):
+        permute_embedding_into_lm_head(w, "model.language_model.embed_tokens.weight", seed)
+        w["mtp.fc_embedding.weight"] = torch.eye(w["lm_head.weight"].shape[1], dtype=w["lm_head.weight"].dtype)
+
+    out = os.path.join(_CACHE_DIR, f"qwen3.8-flash-next-tiny-agreeing-mtp-seed{seed}")
+    return derived_checkpoint(tiny_qwen38(seed), out, edit)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,9 +41,8 @@ import torch
 from qwen38_oracle import Qwen38Oracle
 from sglang.test.test_utils import CustomTestCase
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
-from safetensors.torch import load_file, save_file
 from test_qwen38_server import random_ids, with_eos  # same prompt builders as the non-spec server test
-from tiny_model import _CACHE_DIR, build_lock, tiny_qwen38
+from tiny_model import tiny_qwen38_agreeing_mtp
 
 EOS = 0
 NUM_DRAFT_TOKENS = 4
@@ -57,32 +55,6 @@ SPEC_ARGS = [
     "--enable-metrics",
     "--decode-log-interval", "1",
 ]
-
-
-def tiny_qwen38_agreeing_mtp(seed: int = 0) -> str:
-    """The tiny checkpoint with ``lm_head[perm[v]] = embed[v]`` and ``mtp.fc_embedding = I``:
-    the target's next token and the MTP draft both lean on the current token's
-    embedding, so drafts are often (not always) right. Built once per cache dir."""
-    out = os.path.join(_CACHE_DIR, f"qwen3.8-flash-next-tiny-agreeing-mtp-seed{seed}")
-    base = tiny_qwen38(seed)
-    with build_lock(out):
-        if not os.path.exists(os.path.join(out, "done")):
-            _make_agreeing(base, out, seed)
-    return out
-
-
-def _make_agreeing(base: str, out: str, seed: int) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(base, out)
-    path = os.path.join(out, "model.safetensors")
-    W = load_file(path)
-    E = W["model.language_model.embed_tokens.weight"]
-    perm = torch.randperm(E.shape[0], generator=torch.Generator().manual_seed(seed))
-    W["lm_head.weight"] = torch.empty_like(E)
-    W["lm_head.weight"][perm] = E
-    W["mtp.fc_embedding.weight"] = torch.eye(E.shape[1], dtype=E.dtype)
-    save_file(W, path, metadata={"format": "pt"})
-    open(os.path.join(out, "done"), "w").close()
 
 
 def generate(base_url, input_ids, max_new_tokens):

@@ -200,7 +200,7 @@ class SglHybridMLAExtend:
         for name, value, ok in extras:
             if value != ok:
                 return f"{name}={value!r}"
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if _capturing():
             return "CUDA-graph capture (page table needs the host-side longest length)"
         return None
 
