@@ -13,6 +13,15 @@ trace, the ratio to upstream at the same budget, and writes JSON + a plot.
 
     python benchmark/cache/replay_cache.py                       # full matrix (~1 h on one core)
     python benchmark/cache/replay_cache.py --limit 1500 --quick  # a few minutes
+
+Shape matrix (issue 42: never below upstream, on any workload): ``--matrix``
+replays every generated shape of ``benchmark/cache/shapes.json``
+(:mod:`sglang_hybrid.bench.trace_gen`) and the conversation trace at the device
+budgets, TP8 and DCP8, ours and upstream in the same run, and prints ours /
+upstream per cell, the worst cell, the mean, and how far the unbounded cache is
+from the perfect one:
+
+    python benchmark/cache/replay_cache.py --matrix --jobs 2     # ~15 min on 2 cores
 """
 
 from __future__ import annotations
@@ -44,7 +53,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="TP8 only, host tier only at the largest finite budget")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmark", "results", "cache_replay.json"))
     ap.add_argument("--plot", default=os.path.join(REPO, "docs", "bench", "cache_replay.png"))
+    ap.add_argument("--matrix", action="store_true", help="run the shape matrix instead of one trace")
+    ap.add_argument("--shapes", default=os.path.join(HERE, "shapes.json"), help="matrix file (--matrix)")
+    ap.add_argument("--only", default=None, help="comma-separated shape names (--matrix; 'conversation' = the trace)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (--matrix)")
     args = ap.parse_args(argv)
+    if args.matrix:
+        return run_matrix(args, argv)
 
     devs = [None if d.strip() == "inf" else float(d) for d in args.device_gb.split(",")]
     hosts = [float(h) for h in args.host_gb.split(",")]
@@ -124,6 +139,103 @@ def main(argv=None) -> int:
         _plot(result, args.plot)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _matrix_cell(job):
+    """One (shape, layout, budget) cell: upstream and ours on the same records."""
+    shape_name, layout, dev_gb, trace_path, shapes_path, limit = job
+    from sglang_hybrid.bench.trace_gen import generate, load_shapes
+    from sglang_hybrid.mem_cache.trace_replay import ModelBytes, ReplayConfig, load_trace, perfect_reuse_tokens, replay
+
+    if trace_path is not None:
+        records = load_trace(trace_path, limit)
+    else:
+        records = generate(next(s for s in load_shapes(shapes_path) if s.name == shape_name))
+    perfect, total = perfect_reuse_tokens(records)
+    model = ModelBytes() if layout == "tp8" else ModelBytes().dcp(8)
+    row = {"shape": shape_name, "layout": layout, "device_budget_gb": dev_gb,
+           "requests": len(records), "input_tokens": total, "perfect_reuse_pct": round(100.0 * perfect / total, 3)}
+    t0 = time.time()
+    for policy in ("upstream", "hybrid"):
+        cfg = ReplayConfig(policy=policy, device_budget_bytes=None if dev_gb is None else int(dev_gb * GB), model=model, stride=512)
+        r = replay(cfg, records)
+        row[policy] = {"reuse_pct": round(r.reuse_pct, 3), "kv_match_discarded_tokens": r.kv_match_discarded_tokens,
+                       "checkpoints_stored": r.checkpoints_stored, "seconds": round(r.seconds, 1)}
+        gc.collect()
+    up, ours = row["upstream"]["reuse_pct"], row["hybrid"]["reuse_pct"]
+    row["ratio"] = round(ours / up, 4) if up > 0 else (1.0 if ours == 0 else float("inf"))
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
+
+
+def run_matrix(args, argv) -> int:
+    """The shape matrix (see the module docstring); writes ``--out`` (default cache_matrix.json)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from sglang_hybrid.bench.trace_gen import load_shapes
+
+    devs = [None if d.strip() == "inf" else float(d) for d in args.device_gb.split(",")]
+    layouts = [x.strip() for x in args.layouts.split(",")]
+    names = [s.name for s in load_shapes(args.shapes)] + ["conversation"]
+    if args.only:
+        want = [x.strip() for x in args.only.split(",")]
+        bad = [w for w in want if w not in names]
+        if bad:
+            raise SystemExit(f"--only: unknown shape(s) {bad}; known: {names}")
+        names = want
+    jobs = []
+    for name in names:
+        trace = args.trace if name == "conversation" else None
+        for layout in layouts:
+            for dev in devs:
+                if dev is None and layout != layouts[0]:
+                    continue  # unbounded: the layout changes nothing
+                jobs.append((name, layout, dev, trace, args.shapes, args.limit if trace else None))
+    out = args.out
+    if out == os.path.join(REPO, "benchmark", "results", "cache_replay.json"):
+        out = os.path.join(REPO, "benchmark", "results", "cache_matrix.json")
+    result = {
+        "benchmark": "benchmark/cache/replay_cache.py --matrix",
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.node()} ({platform.processor() or platform.machine()}, CPU only)",
+        "command": "python benchmark/cache/replay_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "shapes_file": os.path.relpath(args.shapes, REPO),
+        "cells": [],
+    }
+    print(f"{'shape':22s} {'layout':5s} {'GB':>4s} {'perfect':>7s} {'upstream':>8s} {'ours':>7s} {'ratio':>6s}", flush=True)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as ex:
+        for row in ex.map(_matrix_cell, jobs):
+            result["cells"].append(row)
+            gb = "inf" if row["device_budget_gb"] is None else f"{row['device_budget_gb']:.0f}"
+            print(f"{row['shape']:22s} {row['layout']:5s} {gb:>4s} {row['perfect_reuse_pct']:7.2f} "
+                  f"{row['upstream']['reuse_pct']:8.2f} {row['hybrid']['reuse_pct']:7.2f} {row['ratio']:6.3f}", flush=True)
+    summary = summarize_matrix(result["cells"])
+    result["summary"] = summary
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    w = summary["worst_cell"]
+    print(f"\nworst cell: {w['shape']} {w['layout']} {w['device_budget_gb']} GB: ours / upstream = {w['ratio']:.3f}")
+    print(f"mean ours / upstream over {summary['cells']} cells: {summary['mean_ratio']:.3f}")
+    print(f"unbounded, largest gap to the perfect cache: {summary['max_unbounded_gap_pct']:.3f} points of input "
+          f"({summary['max_unbounded_gap_shape']})")
+    print(f"wrote {out}")
+    return 0
+
+
+def summarize_matrix(cells):
+    """Worst cell, mean ratio and the unbounded cache's largest gap to perfect (percentage points of input)."""
+    worst = min(cells, key=lambda c: c["ratio"])
+    unb = [c for c in cells if c["device_budget_gb"] is None]
+    gaps = [(c["perfect_reuse_pct"] - c["hybrid"]["reuse_pct"], c["shape"]) for c in unb] or [(0.0, None)]
+    gap = max(gaps)
+    return {
+        "cells": len(cells),
+        "worst_cell": {k: worst[k] for k in ("shape", "layout", "device_budget_gb", "ratio")},
+        "mean_ratio": round(sum(c["ratio"] for c in cells) / len(cells), 4),
+        "max_unbounded_gap_pct": round(gap[0], 4),
+        "max_unbounded_gap_shape": gap[1],
+    }
 
 
 def _plot(result, path):

@@ -8,16 +8,26 @@ both (``device_prefix_len``) and reports the longer KV-only match
 (``full_kv_hit_length``); this class keeps its tree, node layout, locks and
 allocators and changes what the issue on the hybrid radix cache (#3) asks:
 
-* **Which checkpoint to evict** (:class:`ValueAwareMambaComponent`): a
-  checkpoint with a deeper checkpoint below it on every path ("interior") saves
-  little — a match resumes from the deeper one — so interior checkpoints go
-  first, in LRU order, then the rest in LRU order. Upstream evicts in plain LRU
-  order.
+* **What to evict: measured value per byte** (:meth:`HybridRadixCache.checkpoint_priority`,
+  issue 42). Every resume point gets the GreedyDual-Size-Frequency priority
+  (Cherkasova, "Improving WWW proxies performance with Greedy-Dual-Size-Frequency
+  caching policy", HP Labs TR 98-69): ``clock + hits x saved / bytes``, where
+  ``saved`` is the prefill it spares a request that resumes there (its depth
+  minus the depth of the next checkpoint above it: without it a match resumes
+  there), ``bytes`` what evicting it frees (the state, plus the KV of its node
+  when it is a leaf: the leaf goes with it), ``hits`` one plus the requests that
+  resumed exactly there, and ``clock`` the priority of the last entry evicted
+  when it was last used (so unused entries age out). The checkpoint walk
+  (:class:`ValueAwareMambaComponent`) and the KV leaf walk
+  (:class:`HostCapturingFullComponent`) both take the lowest priority first;
+  upstream evicts both in plain LRU order. A checkpoint at a shared prefix that
+  many requests resume from keeps a high priority although deeper checkpoints
+  exist below it; one passed over by a conversation that went on ages out.
 * **One device budget** (``device_budget_bytes``): KV pages and checkpoints are
   accounted in bytes against one budget instead of two fixed pools;
-  :meth:`HybridRadixCache.enforce_budget` evicts interior checkpoints first,
-  then least-recently-used leaves (KV and the checkpoint at their end together,
-  so no KV is kept that no resume point can reach).
+  :meth:`HybridRadixCache.enforce_budget` evicts the lowest-priority entries
+  (a leaf with its KV, or an inner checkpoint alone) until it fits, so no KV is
+  kept that no resume point can reach.
 * **Host tier** (:class:`HostTier`): what leaves the device is remembered in a
   host-memory index of page-prefix hashes and checkpoint hashes with its own byte
   budget (LRU); :meth:`HybridRadixCache.match_with_host` resumes from the deepest
@@ -117,12 +127,11 @@ def checkpoint_grid(*sizes: int) -> int:
 # Eviction order of checkpoints
 # --------------------------------------------------------------------------
 class ValueAwareMambaComponent(MambaComponent):
-    """Upstream's MAMBA component with interior checkpoints evicted first.
+    """Upstream's MAMBA component, evicting the lowest value per byte first.
 
-    Before each eviction walk the component's LRU list is reordered so that
-    checkpoints with a deeper device checkpoint somewhere below them come first
-    (tail side), each group keeping its LRU order. The walk itself, locks and
-    cascades are upstream's.
+    Before each eviction walk the component's LRU list is reordered by
+    :meth:`HybridRadixCache.checkpoint_priority` (lowest at the tail, where the
+    walk starts). The walk itself, locks and cascades are upstream's.
     """
 
     def interior_checkpoint_nodes(self) -> List:
@@ -143,16 +152,17 @@ class ValueAwareMambaComponent(MambaComponent):
         lru = self.tree_core.lru_lists[_MAMBA]
         if self.tree_core.enable_session_radix_cache or not lru.cache:
             return
-        interior = {id(n) for n in self.interior_checkpoint_nodes()}
         order = []  # LRU -> MRU
         pt = lru._pt
         x = lru.tail.lru_prev[pt]
         while x is not lru.head:
             order.append(x)
             x = x.lru_prev[pt]
-        for node in order:
-            if id(node) not in interior:
-                lru.reset_node_mru(node)
+        prio = self.cache.checkpoint_priority
+        # highest priority ends at the MRU head, lowest at the tail; ties keep LRU order
+        keyed = sorted(((prio(n), i, n) for i, n in enumerate(order)), key=lambda t: (t[0], t[1]))
+        for _, _, node in keyed:
+            lru.reset_node_mru(node)
 
     def _evict_device_start(self, request_cnt: int) -> None:
         self._reorder_for_value()
@@ -163,6 +173,7 @@ class ValueAwareMambaComponent(MambaComponent):
 
         target = EvictLayer.DEVICE if target is None else target
         if EvictLayer.DEVICE in target and node.component_data[_MAMBA].value is not None:
+            self.cache._advance_clock(node)
             self.cache._on_device_evict(node, _MAMBA)
         return super().evict_component(node, device_frees, host_frees, cache_actions, target=target, **kw)
 
@@ -199,7 +210,13 @@ class ValueAwareMambaComponent(MambaComponent):
 
 
 class HostCapturingFullComponent(FullComponent):
-    """Upstream's FULL component; a KV segment leaving the device is offered to the host tier first."""
+    """Upstream's FULL component; leaves are evicted lowest value per byte first
+    (:meth:`HybridRadixCache.leaf_eviction_key`: KV with no checkpoint at its end
+    first), and a KV segment leaving the device is offered to the host tier first."""
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self.session_ref_eviction_strategy = self.cache.leaf_eviction_key
+        super()._evict_device_start(request_cnt)
 
     def evict_component(self, node, device_frees, host_frees, cache_actions, target=None, **kw):
         from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
@@ -412,6 +429,7 @@ class HybridRadixCache(UnifiedRadixCache):
         self.placement_warmup = placement_warmup
         self.min_hit_rate = min_hit_rate
         self._pending_end_positions: List[int] = []  # decode-end states donated by the current insert
+        self.value_clock = 0.0  # GDSF clock: priority of the last entry evicted (see checkpoint_priority)
         self._donated_positions: List[int] = []  # positions of the states donated by the current insert
         logger.info(
             "HybridRadixCache: page=%d, joint device budget=%s, host tier=%.1f GB",
@@ -438,24 +456,99 @@ class HybridRadixCache(UnifiedRadixCache):
     def enforce_budget(self, reserve_bytes: int = 0) -> bool:
         """Evict until used + ``reserve_bytes`` fits the joint device budget.
 
-        Order: interior checkpoints (LRU), then LRU leaves (their KV and the
-        checkpoint at their end). Returns False when locked entries alone
-        exceed the budget.
+        Lowest :meth:`checkpoint_priority` first: a leaf goes with its KV, an
+        inner checkpoint alone (its KV still leads to deeper ones). Each round
+        evicts as many checkpoints as the overshoot needs at one state each
+        (priorities are recomputed between rounds); KV leaves without a
+        checkpoint go first. Returns False when locked entries alone exceed the
+        budget.
         """
         if self.device_budget_bytes is None:
             return True
-        comp = self._mamba_component()
         while self.device_used_bytes() + reserve_bytes > self.device_budget_bytes:
-            if comp.interior_checkpoint_nodes():
-                res = self.evict(EvictParams(num_tokens=0, mamba_num=1))
-                if res.mamba_num_evicted > 0:
-                    continue
             over = self.device_used_bytes() + reserve_bytes - self.device_budget_bytes
+            if self._has_dead_leaf():
+                tokens = max(self.page_size, -(-over // self.kv_bytes_per_token))
+                res = self.evict(EvictParams(num_tokens=tokens))
+                if res.num_tokens_evicted > 0:
+                    continue
+            k = max(1, -(-over // self.state_bytes) // 2)
+            res = self.evict(EvictParams(num_tokens=0, mamba_num=k))
+            if res.mamba_num_evicted > 0 or res.num_tokens_evicted > 0:
+                continue
             tokens = max(self.page_size, -(-over // self.kv_bytes_per_token))
             res = self.evict(EvictParams(num_tokens=tokens))
             if res.num_tokens_evicted == 0 and res.mamba_num_evicted == 0:
                 return False
         return True
+
+    # ------------------------------------------------------ value per byte
+    def _depth(self, node) -> int:
+        """Tokens from the root to the end of ``node`` (cached: a split keeps a node's end)."""
+        d = getattr(node, "_hyb_depth", None)
+        if d is not None:
+            return d
+        chain = []
+        x = node
+        while x is not None and x is not self.tree_core.root_node and getattr(x, "_hyb_depth", None) is None:
+            chain.append(x)
+            x = x.parent
+        d = 0 if (x is None or x is self.tree_core.root_node) else x._hyb_depth
+        for n in reversed(chain):
+            d += len(n.key)
+            n._hyb_depth = d
+        return d
+
+    def _touch_value(self, node, hit: bool) -> None:
+        if isinstance(node, int):  # a NodeId (upstream's match / insert results)
+            try:
+                node = self.tree_core.node_by_id(node)
+            except KeyError:  # evicted since
+                return
+        if node is None or node is self.tree_core.root_node:
+            return
+        node._hyb_hits = getattr(node, "_hyb_hits", 0) + 1 if hit else max(1, getattr(node, "_hyb_hits", 1))
+        node._hyb_t = self.value_clock
+
+    def checkpoint_priority(self, node) -> float:
+        """GreedyDual-Size-Frequency priority of the resume point at ``node`` (tokens).
+
+        ``clock_at_last_use + hits * saved_tokens * state_bytes / freed_bytes``:
+        ``saved_tokens`` = depth of ``node`` minus the depth of the nearest device
+        checkpoint above it (0 at the root); ``freed_bytes`` = one state, plus the
+        node's KV when it is a leaf. For an inner checkpoint used once this is
+        ``clock + saved_tokens``. A node without a device checkpoint gets ``-inf``.
+        """
+        if node.component_data[_MAMBA].value is None:
+            return float("-inf")
+        if getattr(node, "_hyb_t", None) is None:
+            self._touch_value(node, hit=False)
+        root = self.tree_core.root_node
+        anc = node.parent
+        while anc is not None and anc is not root and anc.component_data[_MAMBA].value is None:
+            anc = anc.parent
+        saved = self._depth(node) - (0 if anc is None or anc is root else self._depth(anc))
+        cost = self.state_bytes
+        if not node.children:
+            cost += len(node.key) * self.kv_bytes_per_token
+        return node._hyb_t + node._hyb_hits * saved * (self.state_bytes / cost)
+
+    def leaf_eviction_key(self, node):
+        """Heap key of the KV-leaf walk: KV with no checkpoint first, then by priority, then LRU."""
+        if node.component_data[_FULL].value is None:
+            return (float("-inf"), node.last_access_time, node.id)
+        return (self.checkpoint_priority(node), node.last_access_time, node.id)
+
+    def _advance_clock(self, node) -> None:
+        p = self.checkpoint_priority(node)
+        if p != float("-inf") and p > self.value_clock:
+            self.value_clock = p
+
+    def _has_dead_leaf(self) -> bool:
+        for n in self.tree_core.evictable_device_leaves:
+            if n.component_data[_MAMBA].value is None and n.component_data[_FULL].value is not None:
+                return True
+        return False
 
     # ----------------------------------------------------------- hashing
     def _node_end_hash(self, node) -> Tuple[int, bytes]:
@@ -689,14 +782,26 @@ class HybridRadixCache(UnifiedRadixCache):
         return alloc.available_size() >= kv_tokens and ma.available_size() >= slots
 
     # --------------------------------------------------------- placement
-    PLACEMENT_KINDS = ("branch", "end", "coarse", "stride")
+    PLACEMENT_KINDS = ("branch", "end", "chunk", "coarse", "stride")
 
     def placement(
-        self, prompt_len: int, resume_len: int, kv_hit_len: int, grid: int, coarse: int = 0, stride: int = 0
+        self,
+        prompt_len: int,
+        resume_len: int,
+        kv_hit_len: int,
+        grid: int,
+        coarse: int = 0,
+        stride: int = 0,
+        chunk: int = 0,
     ) -> List[Tuple[int, str]]:
         """(position, kind) pairs where a prefill should store checkpoints.
 
         * ``branch`` and ``end``: :func:`checkpoint_positions`;
+        * ``chunk`` (``chunk`` > 0): the positions upstream's scheduler stores with
+          a chunked prefill of ``chunk`` tokens (the last ``grid`` point of every
+          chunk but the last, counted from the resume point), so every checkpoint
+          upstream would place is a candidate here too and eviction by value
+          decides which stay (issue 42);
         * ``coarse`` (``coarse`` > 0): the last ``coarse`` boundary of the prompt —
           the boundary a next turn that re-tokenises the tail still shares;
         * ``stride`` (``stride`` > 0): every ``stride`` tokens between the resume
@@ -704,19 +809,24 @@ class HybridRadixCache(UnifiedRadixCache):
           prompt finds a resume point nearby (thinned first by eviction: they
           are interior checkpoints).
 
-        ``branch`` and ``coarse`` are always placed. ``end`` and ``stride`` are
-        opportunistic: placed while the joint device budget has free room for
-        them without evicting anything (always, when unbounded), and ``end``
-        also while it is warming up (fewer than ``placement_warmup`` stored) or
-        its observed hit rate (resumes landing on it / stored) is at least
-        ``min_hit_rate``. Where two kinds give one position, the first in
-        ``PLACEMENT_KINDS`` order names it.
+        ``branch``, ``end``, ``chunk`` and ``coarse`` are always placed (eviction
+        by value per byte then keeps the ones that earn their bytes); ``stride``
+        is opportunistic: placed while the joint device budget has free room
+        for it without evicting anything (always, when unbounded). Where two
+        kinds give one position, the first in ``PLACEMENT_KINDS`` order names it.
         """
         cand: Dict[int, str] = {}
         base = checkpoint_positions(prompt_len, resume_len, kv_hit_len, grid)
         branch = (min(kv_hit_len, prompt_len) // grid) * grid
         for p in base:
             cand.setdefault(p, "branch" if p == branch else "end")
+        if chunk > 0:
+            s = resume_len
+            while s + chunk < prompt_len:
+                t = ((s + chunk) // grid) * grid
+                if t > resume_len:
+                    cand.setdefault(t, "chunk")
+                s += chunk
         if coarse > 0:
             c = (prompt_len // coarse) * coarse
             if c > resume_len:
@@ -731,14 +841,12 @@ class HybridRadixCache(UnifiedRadixCache):
         out = []
         for p in sorted(cand):
             kind = cand[p]
-            if kind in ("branch", "coarse"):
+            if kind != "stride":
                 out.append((p, kind))
             elif free is None or free >= self.state_bytes:
                 out.append((p, kind))
                 if free is not None:
                     free -= self.state_bytes
-            elif kind == "end" and self._end_is_valuable():
-                out.append((p, kind))
         return out
 
     def _end_is_valuable(self) -> bool:
@@ -748,16 +856,18 @@ class HybridRadixCache(UnifiedRadixCache):
         return self.kind_hits.get("end", 0) / stored >= self.min_hit_rate
 
     def note_checkpoint(self, node_id, kind: str) -> None:
-        """Record that ``node_id`` now holds a checkpoint placed as ``kind``."""
+        """Record that ``node_id`` now holds a checkpoint placed as ``kind`` (starts its value clock)."""
         self.kind_stored[kind] = self.kind_stored.get(kind, 0) + 1
         self._node_kind[node_id] = kind
         self.metrics.checkpoints_stored += 1
+        self._touch_value(node_id, hit=False)
 
     def note_resume(self, node_id) -> None:
-        """Record a resume at ``node_id`` (feeds the per-kind hit rates)."""
+        """Record a resume at ``node_id``: one more hit for its priority and the per-kind hit rates."""
         kind = self._node_kind.get(node_id)
         if kind is not None:
             self.kind_hits[kind] = self.kind_hits.get(kind, 0) + 1
+        self._touch_value(node_id, hit=True)
 
     # ------------------------------------------------------------ insert
     def insert_checkpoint(self, token_ids, pos: int) -> bool:

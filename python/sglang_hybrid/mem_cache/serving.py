@@ -18,7 +18,7 @@
 | component | ours | upstream 0.5.23 |
 |---|---|---|
 | tree, locks, allocators | upstream's ``UnifiedRadixCache`` (python tree core) | same |
-| checkpoint eviction order | interior first, then LRU | LRU |
+| checkpoint eviction order | lowest value per freed byte first (GDSF) | LRU |
 | branch point and prompt end in one chunk | both stored (the chunk is split at the branch point) | branch point only |
 | device budget | ``--hybrid-device-cache-gb``: one byte budget for KV + checkpoints in use, value-aware eviction between them | two pools split by ``--mamba-full-memory-ratio`` |
 | host tier | ``--hybrid-host-cache-gb``: KV pages + checkpoints, restored together | HiCache (GPU only) |
@@ -240,7 +240,7 @@ def _add_flag(result, parser, *args, **kwargs):
             type=float,
             default=None,
             help="sglang-hybrid: one device byte budget (GB) for attention KV and recurrent checkpoints together; "
-            "the hybrid radix cache evicts by value (interior checkpoints first, then LRU leaves) whenever the "
+            "the hybrid radix cache evicts the lowest value per freed byte first whenever the "
             "bytes in use exceed it, instead of a fixed KV/state split (default: off, upstream's two pools; "
             f"same as {DEVICE_ENV}).",
         )

@@ -296,7 +296,7 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
             if resume > 0:
                 cache.note_resume(node)
             # deepest first: shorter inserts then only split nodes and attach states
-            for pos, kind in sorted(cache.placement(P, resume, kv_hit, cfg.grid, cfg.coarse, cfg.stride), reverse=True):
+            for pos, kind in sorted(cache.placement(P, resume, kv_hit, cfg.grid, cfg.coarse, cfg.stride, cfg.chunk), reverse=True):
                 store(pos, True, kind)
         else:
             unfinished, final_len = upstream_positions(P, O, resume, branching, cfg.grid, cfg.chunk, cfg.track_interval)

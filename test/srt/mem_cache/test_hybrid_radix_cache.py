@@ -56,6 +56,8 @@ def run_request(cache, alloc, pool, key: array, out_len: int = 5, upstream_finis
     else:
         m = cache.match_prefix(MatchPrefixParams(key=RadixKey(key)))
         resume, kv_hit, node = m.device_prefix_len, m.full_kv_hit_length, m.last_device_node
+    if isinstance(cache, HybridRadixCache) and resume > 0:
+        cache.note_resume(node)  # what the serving match does
     lock = cache.inc_lock_ref(node)
     need = len(key) + out_len - resume
     if isinstance(cache, HybridRadixCache) and not cache._make_room(need, 1):
@@ -177,21 +179,75 @@ class TestHybridRadixCache(unittest.TestCase):
         self.assertEqual(depths, [128, 192, 192])
         assert_pool_invariants(self, cache, alloc, pool)
 
-    def test_interior_checkpoints_are_evicted_first(self):
+    def test_shared_prefix_checkpoint_outlives_lru(self):
+        """Eviction by value per byte (issue 42): the checkpoint at a shared prefix that four
+        requests resumed from stays; upstream's LRU order drops it after five evictions and the
+        next request over that prefix recomputes it."""
+        results = {}
+        for policy in ("hybrid", "upstream"):
+            if policy == "hybrid":
+                cache, alloc, pool = hybrid()
+            else:
+                cache, alloc, pool = build_cache("upstream", 100_000, 200, page_size=PAGE, grid=GRID)
+            shared = toks(1, 256)
+            resumes = [run_request(cache, alloc, pool, shared + toks(10 + i, 64)) for i in range(5)]
+            for i in range(4):  # unrelated, more recent
+                run_request(cache, alloc, pool, toks(50 + i, 128))
+            res = cache.evict(EvictParams(num_tokens=0, mamba_num=5))
+            self.assertEqual(res.mamba_num_evicted, 5)
+            m = cache.match_prefix(MatchPrefixParams(key=RadixKey(shared + toks(99, 64))))
+            results[policy] = (resumes, m.device_prefix_len, m.full_kv_hit_length)
+            if policy == "hybrid":
+                # the five turn ends (64 tokens saved each, a leaf's state + KV freed) went first
+                self.assertEqual(sorted(checkpoint_depths(cache).values()), [128, 128, 128, 128, 256])
+                assert_pool_invariants(self, cache, alloc, pool)
+        # request 1 stores its end (320 -> 320), 2 finds the KV and stores the branch point 256, 3..5 resume there
+        self.assertEqual(results["hybrid"], ([0, 0, 256, 256, 256], 256, 256))
+        self.assertEqual(results["upstream"][1:], (0, 256))  # KV kept, state gone: recomputed
+
+    def test_priority_is_hits_times_saved_tokens_per_freed_byte(self):
         cache, alloc, pool = hybrid()
-        a = toks(1, 128)
-        run_request(cache, alloc, pool, a)  # checkpoint at 128
-        run_request(cache, alloc, pool, toks(2, 128, base=a))  # 256, makes 128 interior
-        other = toks(5, 128)
-        run_request(cache, alloc, pool, other)  # a leaf checkpoint, used *before* ... touch order:
-        # LRU order now: 128 (oldest), 256, other. Touch the interior one so plain LRU would keep it.
-        cache.match_prefix(MatchPrefixParams(key=RadixKey(a)))
-        res = cache.evict(EvictParams(num_tokens=0, mamba_num=1))
-        self.assertEqual(res.mamba_num_evicted, 1)
-        self.assertEqual(sorted(checkpoint_depths(cache).values()), [128, 256])  # `other` (128) and the 256 one
-        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(a)))
-        self.assertEqual((m.device_prefix_len, m.full_kv_hit_length), (0, 128))  # downgraded, KV kept
+        shared = toks(1, 256)
+        run_request(cache, alloc, pool, shared + toks(2, 64))
+        run_request(cache, alloc, pool, shared + toks(3, 64))  # branch point 256 + its own end 320
+        nodes = {d: n for n, d in checkpoint_depths(cache).items()}
+        inner, leaf = nodes[256], [n for n, d in checkpoint_depths(cache).items() if d == 320][0]
+        self.assertEqual(cache.value_clock, 0.0)
+        self.assertAlmostEqual(cache.checkpoint_priority(inner), 256.0)  # inner: 1 hit x 256 tokens, frees one state
+        self.assertAlmostEqual(cache.checkpoint_priority(leaf), 64 * STB / (STB + 64 * KVB))  # leaf: frees its KV too
+        cache.note_resume(inner)
+        cache.note_resume(inner)
+        self.assertAlmostEqual(cache.checkpoint_priority(inner), 3 * 256.0)
+        # evicting the leaf advances the clock to its priority; entries used from then on start from it
+        cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+        self.assertAlmostEqual(cache.value_clock, 64 * STB / (STB + 64 * KVB))
+        other = toks(7, 128)
+        run_request(cache, alloc, pool, other)
+        onode = [n for n, d in checkpoint_depths(cache).items() if d == 128][0]
+        self.assertAlmostEqual(cache.checkpoint_priority(onode), cache.value_clock + 128 * STB / (STB + 128 * KVB))
+
+    def test_unused_checkpoint_ages_out(self):
+        """GDSF's clock: a checkpoint used often long ago loses to fresh ones once evictions
+        have raised the clock past its priority."""
+        cache, alloc, pool = hybrid()
+        old = toks(1, 128)
+        run_request(cache, alloc, pool, old + toks(2, 64))  # end 192; then the branch point 128
+        run_request(cache, alloc, pool, old + toks(3, 64))
+        old_node = [n for n, d in checkpoint_depths(cache).items() if d == 128][0]
+        cache.note_resume(old_node)  # 2 hits x 128 tokens = 256
+        for i in range(40):  # fresh 256-token leaves; each eviction raises the clock
+            run_request(cache, alloc, pool, toks(100 + i, 256 + 64))
+            cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+        self.assertNotIn(old_node, checkpoint_depths(cache))
         assert_pool_invariants(self, cache, alloc, pool)
+
+    def test_placement_includes_upstreams_chunk_checkpoints(self):
+        cache, _, _ = hybrid()
+        got = cache.placement(20_000, 0, 0, GRID, coarse=512, stride=0, chunk=8192)
+        self.assertEqual(got, [(8192, "chunk"), (16384, "chunk"), (19968, "end")])
+        # counted from the resume point, as upstream's chunked prefill does
+        got = cache.placement(20_000, 1024, 1024, GRID, chunk=8192)
+        self.assertEqual(got, [(9216, "chunk"), (17408, "chunk"), (19968, "end")])
 
     def test_joint_budget_holds_after_every_request(self):
         budget = 40_000 + 3 * STB  # 400 tokens of KV + 3 checkpoints
@@ -410,26 +466,41 @@ class TestLockedEntriesFillTheBudget(unittest.TestCase):
 
 class TestHostRestoreReplan(unittest.TestCase):
     def test_restore_plans_again_when_making_room_evicts_the_device_kv_it_keeps(self):
-        """The state machine's find (fresh-clone run of 2026-12-01): a host restore locked only the resume node
-        (here the root), so making room for the restored KV evicted the 128 tokens of device KV below the host
-        resume point that the plan kept on the device, and the restore then inserted that range as index -1:
-        128 tokens counted as cached that no pool held. Now the restore plans again from the new device match
-        and brings the whole 192-token prefix back from the host."""
-        m = CacheMachine()
-        m.setup(host=10**9)
-        for extra, i in [(0, 1), (0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (55, 1), (92, 0), (0, 0), (28, 0), (35, 5)]:
-            m.request(extra=extra, i=i)
-            m.pools_balance()
-        metrics = m.cache.metrics
-        loaded_before = metrics.host_to_device_bytes
-        prompt = toks(50 + 55, 55, base=m.prompts[1])  # the machine's request(extra=55, i=1)
-        hm = m.cache.match_with_host(prompt)
-        m.pools_balance()
+        """Found by the state machine (fresh-clone run of 2026-12-01): a host restore locks only the resume
+        node (here the root), so making room for the restored KV can evict device KV below the host resume
+        point that the plan kept on the device; the restore then inserted that range as index -1 (tokens
+        counted as cached that no pool held). The restore now plans again from the new device match and
+        brings the whole prefix back from the host.
+
+        Built directly: P's KV and checkpoint at 192 are on the host; on the device, X shares P's first 128
+        tokens (no checkpoint there) and has its own at 192; Y is a small checkpoint resumed four times.
+        Restoring P needs 64 tokens + one state: the cheapest entry is X's leaf, after which P's 128
+        device tokens are KV with no checkpoint and go next -- the first plan's device part is gone."""
+        cache, alloc, pool = hybrid(budget=10**6, host=10**9)
+        P = toks(1, 200)
+        run_request(cache, alloc, pool, P)  # its end checkpoint at 192
+        cache.evict(EvictParams(num_tokens=10**6, mamba_num=10))  # everything to the host
+        self.assertEqual(cache.match_prefix(MatchPrefixParams(key=RadixKey(P))).full_kv_hit_length, 0)
+        X = array("q", P[:128]) + toks(2, 100)
+        self.assertTrue(cache.insert_checkpoint(X, 192))
+        Y = toks(3, 64)
+        self.assertTrue(cache.insert_checkpoint(Y, 64))
+        ynode = cache.match_prefix(MatchPrefixParams(key=RadixKey(Y))).last_device_node
+        for _ in range(3):
+            cache.note_resume(ynode)
+        self.assertEqual(cache.device_used_bytes(), 192 * KVB + STB + 64 * KVB + STB)
+        cache.device_budget_bytes = cache.device_used_bytes() - 100
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(P)))
+        self.assertEqual((m.device_prefix_len, m.full_kv_hit_length), (0, 128))  # the first plan: 128 on device
+        loaded_before = cache.metrics.host_to_device_bytes
+        hm = cache.match_with_host(P)
         self.assertEqual((hm.resume_len, hm.device_resume_len, hm.host_hit_len), (192, 0, 192))
         self.assertEqual(hm.loaded_bytes, 192 * KVB + STB)  # all of [0, 192) from the host, and its checkpoint
-        self.assertEqual(metrics.host_to_device_bytes - loaded_before, hm.loaded_bytes)
-        self.assertEqual(metrics.host_restore_replans, 1)
-        self.assertEqual(m.cache.match_prefix(MatchPrefixParams(key=RadixKey(prompt))).device_prefix_len, 192)
+        self.assertEqual(cache.metrics.host_to_device_bytes - loaded_before, hm.loaded_bytes)
+        self.assertEqual(cache.metrics.host_restore_replans, 1)
+        self.assertEqual(cache.match_prefix(MatchPrefixParams(key=RadixKey(P))).device_prefix_len, 192)
+        self.assertLessEqual(cache.device_used_bytes(), cache.device_budget_bytes)
+        assert_pool_invariants(self, cache, alloc, pool)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ What is asserted (each value would be wrong if the cache were wrong):
   a checkpoint stored there ends on a tree node;
 * ``MambaFinishedOvershootCheckpointFixtures``: which ping-pong state a finished request
   whose latest state ran past the key donates (the older one, or none);
-* Mamba LRU refresh on match, and where our documented policy differs (interior-first
-  checkpoint eviction, docs/hybrid-cache.md) OUR value, contrasted with upstream's class;
+* Mamba LRU refresh on match, and where our documented policy differs (eviction by value
+  per freed byte, docs/hybrid-cache.md) OUR value, contrasted with upstream's class;
 * the segment lock protocol on FULL + MAMBA: every lock taken is released, a receipt
   released on the wrong node is refused without changing any count.
 * ``UnifiedRadixAllocationEvictionRealComponentsFixtures`` (FULL + MAMBA): evict_for_alloc
@@ -289,11 +289,13 @@ class OurTreeFixtures(
         self._assert_kv_balance(cache, allocator)
         cache.sanity_check()
 
-    def test_interior_checkpoint_evicted_first_despite_refresh(self):
-        """OUR documented policy (docs/hybrid-cache.md: interior checkpoints first, then
-        LRU), which deliberately differs from upstream's plain LRU: after a match refreshes
-        the interior checkpoint at ``a``, ours still evicts it (a match resumes from the
-        deeper one at ``ab``) and keeps ``a``'s KV; upstream's class evicts the leaf ``ab``."""
+    def test_value_per_byte_differs_from_lru(self):
+        """OUR documented policy (docs/hybrid-cache.md: lowest value per freed byte first, issue 42),
+        which deliberately differs from upstream's plain LRU. After a match refreshes the leaf ``ab``,
+        upstream's class evicts the least recently used checkpoint, the inner one at ``a`` (its KV
+        stays). Ours keeps ``a`` -- it spares 2 pages of prefill for one state's bytes (the fixture's
+        defaults: one byte per state, one per KV token) -- and drops ``ab``, which spares as much but
+        frees its 2 pages of KV as well."""
         ps = self.cfg.page_size
         a = self._make_seq(1, 2)
         ab = a + self._make_seq(3000, 2)
@@ -302,7 +304,7 @@ class OurTreeFixtures(
             cache, allocator, pool = build_fixture(self.cfg)
             self._insert(cache, allocator, pool, a)
             self._insert(cache, allocator, pool, ab)
-            match_prefix(cache, a)  # a's checkpoint becomes the most recently used
+            match_prefix(cache, ab)  # ab's checkpoint becomes the most recently used
             self.assertEqual(cache.evict(EvictParams(num_tokens=0, mamba_num=1)).mamba_num_evicted, 1)
             ma, mab = match_prefix(cache, a), match_prefix(cache, ab)
             cache.sanity_check()
@@ -312,10 +314,10 @@ class OurTreeFixtures(
             )
 
         ours = run()
-        self.assertEqual(ours, (HybridRadixCache, (0, 2 * ps), (4 * ps, 4 * ps)))
+        self.assertEqual(ours, (HybridRadixCache, (2 * ps, 2 * ps), (2 * ps, 2 * ps)))
         with mock.patch.object(upstream_fixtures, "UnifiedRadixCache", UnifiedRadixCache):
             upstream = run()
-        self.assertEqual(upstream, (UnifiedRadixCache, (2 * ps, 2 * ps), (2 * ps, 2 * ps)))
+        self.assertEqual(upstream, (UnifiedRadixCache, (0, 2 * ps), (4 * ps, 4 * ps)))
 
     # ------------------------------------------------------------ segment lock protocol
     def test_segment_lock_protocol_releases_every_lock(self):
@@ -371,8 +373,10 @@ class TestAllocationEvictionRealComponents(
 ):
     """Upstream's FULL + MAMBA chain of three checkpoints (2, 4, 6 tokens, page 1) on our
     cache; evict_for_alloc must stop as soon as the first checkpoint drain meets the
-    shortfall. The first two are interior, so ours evicts the LRU interior one -- here the
-    same node upstream's LRU picks -- and keeps its KV (a tombstone)."""
+    shortfall. Each spares 2 tokens of prefill; the leaf's eviction also frees its 2 tokens
+    of KV, so by value per byte ours drains the leaf (state and KV, one drain) where
+    upstream's LRU tombstones the first inner one. With session radix caching on, our
+    reordering is off and the order is upstream's."""
 
     _SHORTFALL = 1
 
@@ -384,12 +388,18 @@ class TestAllocationEvictionRealComponents(
                 mamba_free = cache.req_to_token_pool.mamba_allocator.available_size()
                 result, drains = self._evict_for_alloc_after_first_drain(cache, MAMBA)
                 self.assertEqual(drains, 1)
-                self.assertEqual((result.mamba_num_evicted, result.num_tokens_evicted), (1, 0))
                 self.assertEqual(cache.req_to_token_pool.mamba_allocator.available_size(), mamba_free + 1)
-                has_state = [node_device_value(cache, n, MAMBA) is not None for n in (first, second, leaf)]
-                has_kv = [node_device_value(cache, n, FULL) is not None for n in (first, second, leaf)]
-                self.assertEqual(has_state, [False, True, True])
-                self.assertEqual(has_kv, [True, True, True])
+                if session:
+                    self.assertEqual((result.mamba_num_evicted, result.num_tokens_evicted), (1, 0))
+                    has_state = [node_device_value(cache, n, MAMBA) is not None for n in (first, second, leaf)]
+                    has_kv = [node_device_value(cache, n, FULL) is not None for n in (first, second, leaf)]
+                    self.assertEqual(has_state, [False, True, True])
+                    self.assertEqual(has_kv, [True, True, True])
+                else:
+                    self.assertEqual((result.mamba_num_evicted, result.num_tokens_evicted), (1, 2))
+                    has_state = [node_device_value(cache, n, MAMBA) is not None for n in (first, second)]
+                    self.assertEqual(has_state, [True, True])
+                    self.assertNotIn(leaf, cache.tree_core._node_arena)
                 cache.sanity_check()
 
 
