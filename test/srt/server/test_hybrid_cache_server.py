@@ -210,14 +210,20 @@ class TestHybridCacheServerCases(CustomTestCase):
         self.assertEqual(self.on["K7 sentinel again"][0], self.on["K7 sentinel cold"][0])
         self.assertEqual(self.on["K7 sentinel again 2"][0], self.on["K7 sentinel cold"][0])
         # the second resend found the sentinel on the host (the flood pushed it out of the device)
-        lines = re.findall(r"hybrid-cache match rid=\S+ len=330 device=(\d+) host=(\d+)", self.log)
+        lines = [(int(d), int(h)) for d, h in re.findall(r"hybrid-cache match rid=\S+ len=330 device=(\d+) host=(\d+)", self.log)]
         self.assertEqual(len(lines), 3)
-        self.assertEqual([int(h) for _, h in lines], [0, 320, 0])
+        # cold: nothing; again: 320 resumed, part of it restored from the host (eviction by value per
+        # byte may keep the inner checkpoint of the sentinel's path on the device and send only its
+        # tail leaf to the host); again 2: all of it on the device
+        self.assertEqual(lines[0], (0, 0))
+        self.assertEqual(sum(lines[1]), 320)
+        self.assertGreater(lines[1][1], 0)
+        self.assertEqual(lines[2], (320, 0))
         self.assertEqual(self.on["K7 sentinel again"][1], 320)
         self.assertEqual(self.on["K7 sentinel again 2"][1], 320)
         # the response's tier split says where the cached tokens came from (upstream's split alone
         # reported the host restore as a device hit)
-        self.assertEqual(self.on_details["K7 sentinel again"], {"device": 0, "host": 320})
+        self.assertEqual(self.on_details["K7 sentinel again"], {"device": lines[1][0], "host": lines[1][1]})
         self.assertEqual(self.on_details["K7 sentinel again 2"], {"device": 320, "host": 0})
         self.assertEqual(self.on_details["K1 warm"], {"device": EXPECTED_CACHED["K1 warm"], "host": 0})
 
@@ -227,7 +233,7 @@ class TestHybridCacheServerCases(CustomTestCase):
             self.assertIsNotNone(m, f"{name} not in /metrics")
             return float(m.group(1))
 
-        self.assertGreaterEqual(value("sglang_hybrid_cache_host_hit_tokens"), 320)
+        self.assertGreaterEqual(value("sglang_hybrid_cache_host_hit_tokens"), 64)  # the K7 restore: at least one page
         self.assertGreater(value("sglang_hybrid_cache_device_hit_tokens"), 0)
         self.assertGreaterEqual(value("sglang_hybrid_cache_kv_match_discarded_tokens"), 144)
         self.assertGreater(value("sglang_hybrid_cache_recomputed_tokens"), 0)
