@@ -21,6 +21,16 @@ class AnchorError(RuntimeError):
     """An upstream anchor the plugin depends on is missing or changed."""
 
 
+class UpstreamImportError(AnchorError):
+    """An upstream module the plugin hooks could not be imported because something *it*
+    imports is missing or broken (an installation problem, e.g. no ``sgl_kernel``), not
+    because the anchor changed. ``missing`` names the modules (or import failures) seen."""
+
+    def __init__(self, message: str, missing: List[str]):
+        super().__init__(message)
+        self.missing = missing
+
+
 @dataclass(frozen=True)
 class Anchor:
     """``target``: dotted path; ``snippet``: text its source must contain (optional); ``why``: what we do there."""
@@ -398,10 +408,26 @@ ANCHORS: List[Anchor] = [
 ]
 
 
-def _check(anchor: Anchor) -> Optional[str]:
+def _import_failure(target: str, exc: ImportError) -> Optional[str]:
+    """The name of what failed to import when it is a dependency of ``target``'s module, not the module itself."""
+    name = getattr(exc, "name", None)
+    if isinstance(exc, ModuleNotFoundError) and name and (target == name or target.startswith(name + ".")):
+        return None  # the upstream module on the anchor's own path is gone: a changed anchor
+    if isinstance(exc, ModuleNotFoundError) and name:
+        return name
+    return f"{exc}"  # e.g. "cannot import name X from Y" raised while importing the anchor's module
+
+
+def _check(anchor: Anchor, import_failures: Optional[dict] = None) -> Optional[str]:
     try:
         obj = pkgutil.resolve_name(anchor.target)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except ImportError as exc:
+        what = _import_failure(anchor.target, exc)
+        if what is not None and import_failures is not None:
+            import_failures.setdefault(what, []).append(anchor.target)
+            return None
+        return f"{anchor.target}: not found ({exc.__class__.__name__}: {exc}) — needed for: {anchor.why}"
+    except (AttributeError, ValueError) as exc:
         return f"{anchor.target}: not found ({exc.__class__.__name__}: {exc}) — needed for: {anchor.why}"
     if anchor.snippet is not None:
         try:
@@ -414,12 +440,38 @@ def _check(anchor: Anchor) -> Optional[str]:
 
 
 def verify_anchors(anchors: Iterable[Anchor] = ANCHORS) -> None:
-    """Raise :class:`AnchorError` if any anchor is broken (message lists all of them)."""
-    problems = [p for p in (_check(a) for a in anchors) if p]
+    """Raise :class:`AnchorError` if any anchor is broken (message lists all of them).
+
+    Raises:
+        UpstreamImportError: an upstream module could not be imported because a module it
+            imports is missing (named in the message and in ``missing``); reported instead of
+            the anchors, which cannot be checked until the installation is fixed.
+        AnchorError: anchors missing or changed in the installed sglang.
+    """
+    failures: dict = {}
+    problems = [p for p in (_check(a, failures) for a in anchors) if p]
     try:
         version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
         version = "not installed"
+    if failures:
+        lines = []
+        for what, targets in failures.items():
+            mods = sorted({t.rsplit(".", 1)[0] for t in targets})
+            shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
+            label = f"No module named {what!r}" if "." not in what and " " not in what else what
+            lines.append(f"{label} (while importing {shown})")
+        hint = ""
+        if "sgl_kernel" in failures:
+            hint = (
+                "\nsgl_kernel comes from upstream's sglang-kernel wheel; where it cannot load (CPU, or a torch other "
+                "than sglang's pin) install our stand-in: pip install ./sgl-kernel/cpu_shim (docs/install.md)."
+            )
+        raise UpstreamImportError(
+            f"sglang-hybrid could not import upstream sglang {version} modules it hooks — an installation problem, "
+            f"not a changed anchor:\n  - " + "\n  - ".join(lines) + hint,
+            sorted(failures),
+        )
     if problems:
         raise AnchorError(
             f"sglang-hybrid is pinned to sglang=={PINNED_SGLANG} but found sglang {version}; "

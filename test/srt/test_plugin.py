@@ -30,6 +30,78 @@ class TestAnchors(unittest.TestCase):
         self.assertIn("text that is not there", msg)
         self.assertIn("2 upstream anchor(s) changed", msg)
 
+    def test_missing_dependency_is_reported_as_an_import_error(self):
+        """Issue 44: without ``sgl_kernel`` the check said "47 upstream anchor(s) changed"; an upstream
+        module whose own import fails is an installation problem, named as such."""
+        import os
+        import sys
+        import tempfile
+
+        from sglang_hybrid.anchors import UpstreamImportError
+
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "anchor_probe_mod.py"), "w") as f:
+                f.write("import sgl_kernel_not_installed_probe\nclass Target:\n    pass\n")
+            with open(os.path.join(d, "anchor_probe_mod2.py"), "w") as f:
+                f.write("from os import no_such_name_probe\nclass Target:\n    pass\n")
+            sys.path.insert(0, d)
+            try:
+                with self.assertRaises(UpstreamImportError) as ctx:
+                    verify_anchors([
+                        Anchor("anchor_probe_mod.Target", "probe"),
+                        Anchor("anchor_probe_mod2.Target", "probe"),
+                        Anchor("anchor_probe_gone_entirely.Target", "probe"),  # a changed anchor, not listed
+                    ])
+            finally:
+                sys.path.remove(d)
+                sys.modules.pop("anchor_probe_mod", None)
+                sys.modules.pop("anchor_probe_mod2", None)
+        msg = str(ctx.exception)
+        self.assertIn("No module named 'sgl_kernel_not_installed_probe' (while importing anchor_probe_mod)", msg)
+        self.assertIn("cannot import name 'no_such_name_probe'", msg)
+        self.assertIn("installation problem, not a changed anchor", msg)
+        self.assertNotIn("anchor(s) changed", msg)
+        self.assertEqual(len(ctx.exception.missing), 2)
+        self.assertIsInstance(ctx.exception, AnchorError)  # register() still stops the process on it
+        # a module on the anchor's own path that is gone stays a changed anchor
+        with self.assertRaises(AnchorError) as ctx:
+            verify_anchors([Anchor("anchor_probe_gone_entirely.Target", "probe")])
+        self.assertNotIsInstance(ctx.exception, UpstreamImportError)
+        self.assertIn("1 upstream anchor(s) changed", str(ctx.exception))
+
+    def test_sgl_kernel_missing_names_the_stand_in(self):
+        from sglang_hybrid.anchors import UpstreamImportError
+
+        import sys
+
+        target = "sglang_hybrid_probe_upstream_mod"
+
+        class Finder:  # the module exists, but importing it fails on sgl_kernel (upstream without the wheel)
+            def find_spec(self, name, path=None, target_=None):
+                if name == target:
+                    from importlib.machinery import ModuleSpec
+
+                    class Loader:
+                        def create_module(self, spec):
+                            return None
+
+                        def exec_module(self, module):
+                            raise ModuleNotFoundError("No module named 'sgl_kernel'", name="sgl_kernel")
+
+                    return ModuleSpec(name, Loader())
+                return None
+
+        finder = Finder()
+        sys.meta_path.insert(0, finder)
+        try:
+            with self.assertRaises(UpstreamImportError) as ctx:
+                verify_anchors([Anchor(f"{target}.X", "probe")])
+        finally:
+            sys.meta_path.remove(finder)
+            sys.modules.pop(target, None)
+        self.assertEqual(ctx.exception.missing, ["sgl_kernel"])
+        self.assertIn("pip install ./sgl-kernel/cpu_shim", str(ctx.exception))
+
     def test_register_stops_the_process_on_a_broken_anchor(self):
         with mock.patch.object(plugin, "_REGISTERED", False), mock.patch(
             "sglang_hybrid.anchors.verify_anchors", side_effect=AnchorError("anchor X changed")
