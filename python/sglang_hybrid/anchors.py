@@ -8,6 +8,7 @@ a different SGLang version fails at start-up instead of misbehaving later.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import inspect
 import pkgutil
@@ -418,9 +419,29 @@ def _import_failure(target: str, exc: ImportError) -> Optional[str]:
     return f"{exc}"  # e.g. "cannot import name X from Y" raised while importing the anchor's module
 
 
+def _resolve(target: str):
+    """Like ``pkgutil.resolve_name`` for dotted names, but an ImportError raised *inside* a
+    module's import (a dependency missing) propagates instead of turning into an AttributeError."""
+    parts = target.split(".")
+    obj = importlib.import_module(parts[0])
+    mod, i = parts[0], 1
+    while i < len(parts):
+        sub = f"{mod}.{parts[i]}"
+        try:
+            obj = importlib.import_module(sub)
+        except ModuleNotFoundError as exc:
+            if exc.name == sub:
+                break  # no such submodule: the rest are attributes
+            raise
+        mod, i = sub, i + 1
+    for p in parts[i:]:
+        obj = getattr(obj, p)
+    return obj
+
+
 def _check(anchor: Anchor, import_failures: Optional[dict] = None) -> Optional[str]:
     try:
-        obj = pkgutil.resolve_name(anchor.target)
+        obj = _resolve(anchor.target)
     except ImportError as exc:
         what = _import_failure(anchor.target, exc)
         if what is not None and import_failures is not None:
@@ -457,15 +478,14 @@ def verify_anchors(anchors: Iterable[Anchor] = ANCHORS) -> None:
     if failures:
         lines = []
         for what, targets in failures.items():
-            mods = sorted({t.rsplit(".", 1)[0] for t in targets})
-            shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
-            label = f"No module named {what!r}" if "." not in what and " " not in what else what
-            lines.append(f"{label} (while importing {shown})")
+            more = f" and {len(targets) - 1} more anchor(s)" if len(targets) > 1 else ""
+            label = f"No module named {what!r}" if " " not in what else what
+            lines.append(f"{label} (while resolving {targets[0]}{more})")
         hint = ""
         if "sgl_kernel" in failures:
             hint = (
                 "\nsgl_kernel comes from upstream's sglang-kernel wheel; where it cannot load (CPU, or a torch other "
-                "than sglang's pin) install our stand-in: pip install ./sgl-kernel/cpu_shim (docs/install.md)."
+                "than sglang's pin) install our stand-in: pip install \"./python[cpu]\" or ./sgl-kernel/cpu_shim (docs/install.md)."
             )
         raise UpstreamImportError(
             f"sglang-hybrid could not import upstream sglang {version} modules it hooks — an installation problem, "

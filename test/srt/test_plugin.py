@@ -44,24 +44,34 @@ class TestAnchors(unittest.TestCase):
                 f.write("import sgl_kernel_not_installed_probe\nclass Target:\n    pass\n")
             with open(os.path.join(d, "anchor_probe_mod2.py"), "w") as f:
                 f.write("from os import no_such_name_probe\nclass Target:\n    pass\n")
+            os.makedirs(os.path.join(d, "anchor_probe_pkg"))
+            open(os.path.join(d, "anchor_probe_pkg", "__init__.py"), "w").close()
+            with open(os.path.join(d, "anchor_probe_pkg", "sub.py"), "w") as f:  # as upstream's modules sit
+                f.write("import sgl_kernel_probe_nested\nclass Target:\n    pass\n")
             sys.path.insert(0, d)
             try:
                 with self.assertRaises(UpstreamImportError) as ctx:
                     verify_anchors([
                         Anchor("anchor_probe_mod.Target", "probe"),
                         Anchor("anchor_probe_mod2.Target", "probe"),
+                        Anchor("anchor_probe_pkg.sub.Target.method", "probe"),
+                        Anchor("anchor_probe_pkg.sub.Target", "probe"),
                         Anchor("anchor_probe_gone_entirely.Target", "probe"),  # a changed anchor, not listed
                     ])
             finally:
                 sys.path.remove(d)
                 sys.modules.pop("anchor_probe_mod", None)
                 sys.modules.pop("anchor_probe_mod2", None)
+                sys.modules.pop("anchor_probe_pkg", None)
+                sys.modules.pop("anchor_probe_pkg.sub", None)
         msg = str(ctx.exception)
-        self.assertIn("No module named 'sgl_kernel_not_installed_probe' (while importing anchor_probe_mod)", msg)
+        self.assertIn("No module named 'sgl_kernel_not_installed_probe' (while resolving anchor_probe_mod.Target)", msg)
         self.assertIn("cannot import name 'no_such_name_probe'", msg)
         self.assertIn("installation problem, not a changed anchor", msg)
         self.assertNotIn("anchor(s) changed", msg)
-        self.assertEqual(len(ctx.exception.missing), 2)
+        self.assertIn("No module named 'sgl_kernel_probe_nested' (while resolving anchor_probe_pkg.sub.Target.method "
+                      "and 1 more anchor(s))", msg)
+        self.assertEqual(len(ctx.exception.missing), 3)
         self.assertIsInstance(ctx.exception, AnchorError)  # register() still stops the process on it
         # a module on the anchor's own path that is gone stays a changed anchor
         with self.assertRaises(AnchorError) as ctx:
@@ -100,7 +110,7 @@ class TestAnchors(unittest.TestCase):
             sys.meta_path.remove(finder)
             sys.modules.pop(target, None)
         self.assertEqual(ctx.exception.missing, ["sgl_kernel"])
-        self.assertIn("pip install ./sgl-kernel/cpu_shim", str(ctx.exception))
+        self.assertIn("./sgl-kernel/cpu_shim", str(ctx.exception))
 
     def test_register_stops_the_process_on_a_broken_anchor(self):
         with mock.patch.object(plugin, "_REGISTERED", False), mock.patch(
