@@ -19,7 +19,7 @@ TORCHVISION_VERSION := 0.29.1
 DEVICE ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo cuda; \
                   elif [ -e /dev/kfd ]; then echo rocm; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(DEVICE)
-INSTALL_INPUTS := Makefile scripts/install.sh python/pyproject.toml sgl-kernel/pyproject.toml sgl-kernel/cpu_shim/pyproject.toml \
+INSTALL_INPUTS := Makefile scripts/install.sh python/pyproject.toml python/setup.py sgl-kernel/pyproject.toml sgl-kernel/cpu_shim/pyproject.toml \
                   python/requirements/cpu.txt python/requirements/test.txt
 
 TINY_MODEL ?= models/kimi-k3-tiny
