@@ -203,17 +203,24 @@ def run_matrix(args, argv) -> int:
         "cells": [],
     }
     print(f"{'shape':22s} {'layout':5s} {'GB':>4s} {'perfect':>7s} {'upstream':>8s} {'ours':>7s} {'ratio':>6s}", flush=True)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as ex:
-        for row in ex.map(_matrix_cell, jobs):
-            result["cells"].append(row)
-            gb = "inf" if row["device_budget_gb"] is None else f"{row['device_budget_gb']:.0f}"
-            print(f"{row['shape']:22s} {row['layout']:5s} {gb:>4s} {row['perfect_reuse_pct']:7.2f} "
-                  f"{row['upstream']['reuse_pct']:8.2f} {row['hybrid']['reuse_pct']:7.2f} {row['ratio']:6.3f}", flush=True)
-    summary = summarize_matrix(result["cells"])
-    result["summary"] = summary
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    # generated shapes in parallel; the conversation trace (12k requests, 145 M tokens: GBs per
+    # replay) one cell at a time. The JSON is rewritten after every cell.
+    small = [j for j in jobs if j[3] is None]
+    big = [j for j in jobs if j[3] is not None]
+    for batch, workers in ((small, max(1, args.jobs)), (big, 1)):
+        if not batch:
+            continue
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            for row in ex.map(_matrix_cell, batch):
+                result["cells"].append(row)
+                gb = "inf" if row["device_budget_gb"] is None else f"{row['device_budget_gb']:.0f}"
+                print(f"{row['shape']:22s} {row['layout']:5s} {gb:>4s} {row['perfect_reuse_pct']:7.2f} "
+                      f"{row['upstream']['reuse_pct']:8.2f} {row['hybrid']['reuse_pct']:7.2f} {row['ratio']:6.3f}", flush=True)
+                result["summary"] = summarize_matrix(result["cells"])
+                with open(out, "w") as f:
+                    json.dump(result, f, indent=1)
+    summary = result["summary"]
     w = summary["worst_cell"]
     print(f"\nworst cell: {w['shape']} {w['layout']} {w['device_budget_gb']} GB: ours / upstream = {w['ratio']:.3f}")
     print(f"mean ours / upstream over {summary['cells']} cells: {summary['mean_ratio']:.3f}")

@@ -126,3 +126,42 @@ class TestNeverBelowUpstream(unittest.TestCase):
                         self.assertGreaterEqual(ours.reused_tokens, up.reused_tokens)
                         self.assertLessEqual(ours.reused_tokens, perfect)
                         self.assertGreater(up.reused_tokens, 0)
+
+
+class TestMatrixCommand(unittest.TestCase):
+    """``benchmark/cache/replay_cache.py --matrix`` on a one-shape matrix file: cells, ratios, summary."""
+
+    def test_matrix_cli(self):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("replay_cache", os.path.join(REPO, "benchmark", "cache", "replay_cache.py"))
+        mod = importlib.util.module_from_spec(spec)
+        import sys
+
+        sys.modules["replay_cache"] = mod  # its worker processes look the cell function up by module name
+        spec.loader.exec_module(mod)
+        with tempfile.TemporaryDirectory() as d:
+            shapes = os.path.join(d, "shapes.json")
+            with open(shapes, "w") as f:
+                json.dump({"shapes": [{"name": "tiny", "sessions": 40, "turns": [1, 3], "system_len": [3000, 0],
+                                       "first_len": [600, 0.5], "seed": 5}]}, f)
+            out = os.path.join(d, "m.json")
+            rc = mod.main(["--matrix", "--shapes", shapes, "--only", "tiny", "--device-gb", "0.5,inf",
+                           "--layouts", "tp8,dcp8", "--out", out])
+            self.assertEqual(rc, 0)
+            with open(out) as f:
+                res = json.load(f)
+        cells = res["cells"]
+        self.assertEqual([(c["layout"], c["device_budget_gb"]) for c in cells],
+                         [("tp8", 0.5), ("tp8", None), ("dcp8", 0.5)])
+        for c in cells:
+            self.assertAlmostEqual(c["ratio"], c["hybrid"]["reuse_pct"] / c["upstream"]["reuse_pct"], places=3)
+        worst = min(cells, key=lambda c: c["ratio"])
+        self.assertEqual(res["summary"]["worst_cell"]["ratio"], worst["ratio"])
+        self.assertAlmostEqual(res["summary"]["mean_ratio"], sum(c["ratio"] for c in cells) / 3, places=3)
+        unb = cells[1]
+        self.assertAlmostEqual(res["summary"]["max_unbounded_gap_pct"],
+                               unb["perfect_reuse_pct"] - unb["hybrid"]["reuse_pct"], places=3)
+        self.assertLessEqual(res["summary"]["max_unbounded_gap_pct"], 0.1)
+        with self.assertRaises(SystemExit):
+            mod.main(["--matrix", "--shapes", SHAPES, "--only", "no-such-shape"])
