@@ -108,7 +108,7 @@ class TestNeverBelowUpstream(unittest.TestCase):
     """Issue 42's fast slice: ours >= upstream on three contrasting generated shapes (long shared
     prefixes seen a few times each; chat with short prefixes; agentic tree search), TP8 and DCP8,
     budgets scaled to the slice so the caches are under pressure. Before eviction by value per
-    byte, ours lost on 10 of these 12 cells (down to 0.34x)."""
+    byte, ours lost on 8 of these 12 cells (down to 0.34x)."""
 
     CASES = (("many-long-prefixes", 150), ("chat-short-prefix", 250), ("agentic-branchy", 10))
 
