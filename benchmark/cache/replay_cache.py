@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host-gb", default="0,250", help="host budgets in GB for our cache")
     ap.add_argument("--layouts", default="tp8,dcp8")
     ap.add_argument("--quick", action="store_true", help="TP8 only, host tier only at the largest finite budget")
-    ap.add_argument("--out", default=os.path.join(REPO, "benchmark", "results", "cache_replay.json"))
+    ap.add_argument("--out", default=None,
+                    help="result JSON (default: benchmark/results/cache_replay.json, with --matrix cache_matrix.json)")
     ap.add_argument("--plot", default=os.path.join(REPO, "docs", "bench", "cache_replay.png"))
     ap.add_argument("--matrix", action="store_true", help="run the shape matrix instead of one trace")
     ap.add_argument("--shapes", default=os.path.join(HERE, "shapes.json"), help="matrix file (--matrix)")
@@ -60,6 +61,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.matrix:
         return run_matrix(args, argv)
+    args.out = args.out or os.path.join(REPO, "benchmark", "results", "cache_replay.json")
 
     devs = [None if d.strip() == "inf" else float(d) for d in args.device_gb.split(",")]
     hosts = [float(h) for h in args.host_gb.split(",")]
@@ -191,9 +193,7 @@ def run_matrix(args, argv) -> int:
                 if dev is None and layout != layouts[0]:
                     continue  # unbounded: the layout changes nothing
                 jobs.append((name, layout, dev, trace, args.shapes, args.limit if trace else None))
-    out = args.out
-    if out == os.path.join(REPO, "benchmark", "results", "cache_replay.json"):
-        out = os.path.join(REPO, "benchmark", "results", "cache_matrix.json")
+    out = args.out or os.path.join(REPO, "benchmark", "results", "cache_matrix.json")
     result = {
         "benchmark": "benchmark/cache/replay_cache.py --matrix",
         "date": datetime.date.today().isoformat(),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
-import pkgutil
 from dataclasses import dataclass
 from typing import Iterable, List, Optional
 
@@ -439,12 +438,12 @@ def _resolve(target: str):
     return obj
 
 
-def _check(anchor: Anchor, import_failures: Optional[dict] = None) -> Optional[str]:
+def _check(anchor: Anchor, import_failures: dict) -> Optional[str]:
     try:
         obj = _resolve(anchor.target)
     except ImportError as exc:
         what = _import_failure(anchor.target, exc)
-        if what is not None and import_failures is not None:
+        if what is not None:
             import_failures.setdefault(what, []).append(anchor.target)
             return None
         return f"{anchor.target}: not found ({exc.__class__.__name__}: {exc}) — needed for: {anchor.why}"

@@ -134,20 +134,6 @@ class ValueAwareMambaComponent(MambaComponent):
     walk starts). The walk itself, locks and cascades are upstream's.
     """
 
-    def interior_checkpoint_nodes(self) -> List:
-        """Unlocked device checkpoints that have a deeper device checkpoint below."""
-        lru = self.tree_core.lru_lists[_MAMBA]
-        holders = list(lru.cache.values())
-        covered = set()
-        for node in holders:
-            p = node.parent
-            while p is not None and p is not self.tree_core.root_node:
-                if id(p) in covered:
-                    break
-                covered.add(id(p))
-                p = p.parent
-        return [n for n in holders if id(n) in covered and n.component_data[_MAMBA].lock_ref == 0]
-
     def _reorder_for_value(self) -> None:
         lru = self.tree_core.lru_lists[_MAMBA]
         if self.tree_core.enable_session_radix_cache or not lru.cache:
@@ -158,10 +144,8 @@ class ValueAwareMambaComponent(MambaComponent):
         while x is not lru.head:
             order.append(x)
             x = x.lru_prev[pt]
-        prio = self.cache.checkpoint_priority
-        # highest priority ends at the MRU head, lowest at the tail; ties keep LRU order
-        keyed = sorted(((prio(n), i, n) for i, n in enumerate(order)), key=lambda t: (t[0], t[1]))
-        for _, _, node in keyed:
+        # highest priority ends at the MRU head, lowest at the tail; the stable sort keeps LRU order on ties
+        for node in sorted(order, key=self.cache.checkpoint_priority):
             lru.reset_node_mru(node)
 
     def _evict_device_start(self, request_cnt: int) -> None:
@@ -365,7 +349,10 @@ class HybridRadixCache(UnifiedRadixCache):
         device_budget_bytes: joint device budget for cached KV + checkpoints;
             ``None`` keeps upstream's two separately sized pools.
         host_budget_bytes: host tier capacity (0 = off).
-        placement_warmup, min_hit_rate: see :meth:`placement`.
+        placement_warmup, min_hit_rate: the decode-end gate on the server (a state
+            tracked during decode is donated while the ``end`` kind is warming up,
+            fewer than ``placement_warmup`` stored, or its hit rate is at least
+            ``min_hit_rate``; :meth:`ValueAwareMambaComponent._select_finished_checkpoint`).
         host_payload: copy the KV rows and state tensors to host memory (the
             serving path); False keeps only the byte-accounted index (replay).
         serving: called by the scheduler: ``match_prefix`` restores host
@@ -457,10 +444,10 @@ class HybridRadixCache(UnifiedRadixCache):
         """Evict until used + ``reserve_bytes`` fits the joint device budget.
 
         Lowest :meth:`checkpoint_priority` first: a leaf goes with its KV, an
-        inner checkpoint alone (its KV still leads to deeper ones). Each round
-        evicts as many checkpoints as the overshoot needs at one state each
-        (priorities are recomputed between rounds); KV leaves without a
-        checkpoint go first. Returns False when locked entries alone exceed the
+        inner checkpoint alone (its KV still leads to deeper ones). KV leaves
+        without a checkpoint go first; then each round evicts half the
+        checkpoints the overshoot would need at one state each (a leaf frees its
+        KV too), and priorities are recomputed between rounds. Returns False when locked entries alone exceed the
         budget.
         """
         if self.device_budget_bytes is None:
@@ -806,8 +793,8 @@ class HybridRadixCache(UnifiedRadixCache):
           the boundary a next turn that re-tokenises the tail still shares;
         * ``stride`` (``stride`` > 0): every ``stride`` tokens between the resume
           point and the prompt end, so a later request diverging inside this
-          prompt finds a resume point nearby (thinned first by eviction: they
-          are interior checkpoints).
+          prompt finds a resume point nearby (each spares only ``stride`` tokens,
+          so eviction by value thins them first).
 
         ``branch``, ``end``, ``chunk`` and ``coarse`` are always placed (eviction
         by value per byte then keeps the ones that earn their bytes); ``stride``

@@ -46,6 +46,13 @@ def hybrid(kv=100_000, slots=200, budget=None, host=0):
     )
 
 
+def cache_for(policy: str):
+    """Ours (:func:`hybrid`) or upstream's class over the same fake pools."""
+    if policy == "hybrid":
+        return hybrid()
+    return build_cache("upstream", 100_000, 200, page_size=PAGE, grid=GRID)
+
+
 def run_request(cache, alloc, pool, key: array, out_len: int = 5, upstream_finish: bool = False):
     """One request as the scheduler would: match, lock, allocate, store checkpoints where
     the cache places them, unlock; returns the resume length. A request the cache cannot make
@@ -148,10 +155,7 @@ class TestHybridRadixCache(unittest.TestCase):
         turn 1's end; ours stores turn 2's prompt end too."""
         results = {}
         for policy in ("upstream", "hybrid"):
-            if policy == "hybrid":
-                cache, alloc, pool = hybrid()
-            else:
-                cache, alloc, pool = build_cache("upstream", 100_000, 200, page_size=PAGE, grid=GRID)
+            cache, alloc, pool = cache_for(policy)
             t1 = toks(1, 300)
             t2 = toks(2, 200, base=t1)  # 500 tokens, extends turn 1
             t3 = toks(3, 100, base=t2)
@@ -185,10 +189,7 @@ class TestHybridRadixCache(unittest.TestCase):
         next request over that prefix recomputes it."""
         results = {}
         for policy in ("hybrid", "upstream"):
-            if policy == "hybrid":
-                cache, alloc, pool = hybrid()
-            else:
-                cache, alloc, pool = build_cache("upstream", 100_000, 200, page_size=PAGE, grid=GRID)
+            cache, alloc, pool = cache_for(policy)
             shared = toks(1, 256)
             resumes = [run_request(cache, alloc, pool, shared + toks(10 + i, 64)) for i in range(5)]
             for i in range(4):  # unrelated, more recent

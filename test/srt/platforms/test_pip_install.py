@@ -25,7 +25,7 @@ import tempfile
 import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-OURS = ("sglang_hybrid", "sgl_hybrid", "sgl_kernel", "__editable__", "sglang-", "sglang_hybrid-")
+OURS = ("sglang_hybrid", "sgl_hybrid", "sgl_kernel", "__editable__", "sglang-")  # + sglang's own dist-info
 
 
 def _stub_sglang(site: str, version: str) -> None:
@@ -52,7 +52,7 @@ def _venv(root: str, sglang_version: str) -> tuple:
     os.makedirs(view)
     for name in os.listdir(outer):
         low = name.lower()
-        if low.startswith(OURS) or low.endswith(".pth") or low.startswith("__editable___"):
+        if low.startswith(OURS) or low.endswith(".pth"):
             continue
         os.symlink(os.path.join(outer, name), os.path.join(view, name))
     # the real sglang package code, without its (CI: --no-deps) dist-info
@@ -76,20 +76,31 @@ def _pip(py: str, cwd: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+ENV = dict(os.environ, PYTHONPATH="", SGLANG_USE_CPU_ENGINE="1")
+
+
+def _installed(root: str, requirement: str) -> tuple:
+    """(python, site-packages, pip result) of a fresh venv after ``pip install requirement``."""
+    py, site = _venv(root, "0.5.23")
+    return py, site, _pip(py, _checkout_copy(root), requirement)
+
+
+def _launch_help(py: str) -> subprocess.CompletedProcess:
+    return subprocess.run([py, "-m", "sglang.launch_server", "--help"], env=ENV, capture_output=True, text=True,
+                          timeout=600)
+
+
 class TestPipInstallIntoExistingSGLang(unittest.TestCase):
     def test_install_and_launch_help(self):
         with tempfile.TemporaryDirectory() as root:
-            py, site = _venv(root, "0.5.23")
-            src = _checkout_copy(root)
-            r = _pip(py, src, "./python[cpu]")
+            py, site, r = _installed(root, "./python[cpu]")
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
-            env = dict(os.environ, PYTHONPATH="", SGLANG_USE_CPU_ENGINE="1")
             where = subprocess.run(
                 [py, "-c", "import importlib.metadata as m, sglang_hybrid, sgl_hybrid_kernel, sgl_kernel; "
                  "print(sglang_hybrid.__file__); print(sgl_hybrid_kernel.__file__); print(sgl_kernel.__file__); "
                  "print(m.version('sglang-hybrid'), m.version('sgl-hybrid-kernel'), m.version('sgl-hybrid-cpu-shim')); "
                  "print([r for r in m.requires('sglang-hybrid') if r.startswith(('sglang', 'sgl-hybrid'))])"],
-                env=env, capture_output=True, text=True, timeout=300,
+                env=ENV, capture_output=True, text=True, timeout=300,
             )
             self.assertEqual(where.returncode, 0, where.stderr[-3000:])
             lines = where.stdout.strip().splitlines()
@@ -98,8 +109,7 @@ class TestPipInstallIntoExistingSGLang(unittest.TestCase):
             self.assertEqual(lines[3], "0.1.0 0.1.0 0.1.0")
             self.assertIn("'sglang==0.5.23'", lines[4])
             self.assertIn("sgl-hybrid-kernel @ file://", lines[4])
-            helped = subprocess.run([py, "-m", "sglang.launch_server", "--help"], env=env,
-                                    capture_output=True, text=True, timeout=600)
+            helped = _launch_help(py)
             self.assertEqual(helped.returncode, 0, helped.stderr[-3000:])
             self.assertIn("--hybrid-host-cache-gb", helped.stdout)
             self.assertIn("--hybrid-device-cache-gb", helped.stdout)
@@ -108,13 +118,9 @@ class TestPipInstallIntoExistingSGLang(unittest.TestCase):
         """Without ``[cpu]`` on a machine where upstream's sglang-kernel cannot load, start-up names the
         missing module and the stand-in (before: "47 upstream anchor(s) changed")."""
         with tempfile.TemporaryDirectory() as root:
-            py, _ = _venv(root, "0.5.23")
-            src = _checkout_copy(root)
-            r = _pip(py, src, "./python")
+            py, _, r = _installed(root, "./python")
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
-            env = dict(os.environ, PYTHONPATH="", SGLANG_USE_CPU_ENGINE="1")
-            helped = subprocess.run([py, "-m", "sglang.launch_server", "--help"], env=env,
-                                    capture_output=True, text=True, timeout=600)
+            helped = _launch_help(py)
             self.assertNotEqual(helped.returncode, 0)
             out = helped.stdout + helped.stderr
             self.assertIn("an installation problem, not a changed anchor", out)
