@@ -52,7 +52,9 @@ if [ "$packages_only" = 1 ]; then
   # Upstream's image brings torch, sglang and the real sglang-kernel; --no-deps so pip
   # cannot replace its ROCm/CUDA torch with a PyPI wheel.
   run "$py" -c "import importlib.metadata as m, sys; v = m.version('sglang'); sys.exit(0 if v == '$SGLANG_VERSION' else 'the base image has sglang ' + v + '; sglang-hybrid is pinned to $SGLANG_VERSION: pick the image of that version')"
-  pip_install --no-deps -e sgl-kernel -e python
+  # Real (non-editable) installs: the image holds the packages (and the packaged trace), not the
+  # build context's sources.
+  pip_install --no-deps ./sgl-kernel ./python
   run "$py" -c "import sglang, sglang_hybrid, sgl_hybrid_kernel; print('sglang', sglang.__version__, 'OK')"
   exit 0
 fi

@@ -42,10 +42,12 @@ GB = 1_000_000_000
 
 
 def main(argv=None) -> int:
+    from sglang_hybrid.bench.trace import DEFAULT_TRACE_PATH
     from sglang_hybrid.mem_cache.trace_replay import ModelBytes, ReplayConfig, load_trace, perfect_reuse_tokens, replay
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=os.path.join(REPO, "benchmark", "traces", "mooncake_conversation_trace.jsonl"))
+    ap.add_argument("--trace", default=DEFAULT_TRACE_PATH, help="Mooncake-format JSONL (default: the packaged "
+                    "conversation trace, or $SGLANG_HYBRID_TRACE)")
     ap.add_argument("--limit", type=int, default=None, help="first N requests only")
     ap.add_argument("--device-gb", default="20,40,80,inf", help="device budgets in GB (inf = unbounded)")
     ap.add_argument("--host-gb", default="0,250", help="host budgets in GB for our cache")

@@ -44,6 +44,9 @@ CODE = textwrap.dedent(
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     out["help"] = next(a.help for a in parser._actions if "--radix-cache-backend" in a.option_strings)
+    from sglang_hybrid.flags import GROUP_TITLE
+    group = next(g for g in parser._action_groups if g.title == GROUP_TITLE)
+    out["group"] = sorted(o for a in group._group_actions for o in a.option_strings)
     out["log"] = log.getvalue()
     print("RESULT " + json.dumps(out))
     """
@@ -62,6 +65,10 @@ def test_plugin_flags_through_upstream_parser():
     assert "--hybrid-device-cache-gb must be > 0, got 0.0" in out["device_zero"], out["device_zero"]
     assert (out["hybrid"], out["upstream"]) == ("hybrid", "upstream")
     assert "'hybrid'" in out["help"] and "'upstream'" in out["help"], out["help"]
+    # every flag the plugin adds sits under its own --help heading, and is declared once (server_info reads it)
+    from sglang_hybrid.flags import PLUGIN_FLAGS
+
+    assert out["group"] == sorted(PLUGIN_FLAGS), out["group"]
     for flag in ("--linear-attn-backend", "--linear-attn-decode-backend", "--linear-attn-prefill-backend",
                  "--linear-attn-verify-backend"):
         assert out[flag] == "sgl_hybrid", (flag, out[flag])
@@ -113,3 +120,21 @@ def test_linear_attn_backend_sgl_hybrid_keeps_the_extra_buffer_strategy():
         assert out[f"kimi-k3 {run}"] == ["extra_buffer", 1, "sgl_hybrid"], out
         assert out[f"qwen3.8 {run}"] == ["extra_buffer", 64, "sgl_hybrid"], out
     assert out["kimi-k3 per-mode"] == ["extra_buffer", 1, "triton"] and out["qwen3.8 per-mode"][0] == "extra_buffer", out
+
+
+def test_undeclared_plugin_flag_is_refused():
+    """A flag added outside ``sglang_hybrid.flags.PLUGIN_FLAGS`` fails loudly (it would be missing from
+    ``/server_info`` and the docs); a declared one lands under the plugin's heading once."""
+    import argparse
+
+    import pytest
+
+    from sglang_hybrid.flags import GROUP_TITLE, add_plugin_argument
+
+    parser = argparse.ArgumentParser()
+    with pytest.raises(KeyError, match="--no-such-flag"):
+        add_plugin_argument(parser, "--no-such-flag")
+    assert add_plugin_argument(parser, "--skip-boot-gates", action="store_true") is not None
+    assert add_plugin_argument(parser, "--skip-boot-gates", action="store_true") is None
+    group = next(g for g in parser._action_groups if g.title == GROUP_TITLE)
+    assert [a.option_strings for a in group._group_actions] == [["--skip-boot-gates"]]

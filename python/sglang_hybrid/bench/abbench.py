@@ -50,8 +50,7 @@ from sglang_hybrid.bench.metrics import format_table, summarize_window
 from sglang_hybrid.bench.resultfile import write_json
 from sglang_hybrid.bench.trace import TokenRange, resolve_token_range
 
-WARMUP_INPUT_LEN = 16  # tokens
-WARMUP_OUTPUT_LEN = 8  # tokens
+WARMUP_OUTPUT_LEN = 8  # tokens; warm-up prompts have the measured --input-len
 _PROMPT_STREAM = 7  # entropy tag separating abbench prompts from replay blocks and warm-ups
 
 
@@ -84,9 +83,11 @@ class ClosedLoopPrompts:
         return self._allowed[rng.integers(0, self._allowed.size, size=self.input_len)].tolist()
 
     def warmup(self, k: int) -> List[int]:
-        """A 16-token warm-up prompt, from its own RNG stream."""
+        """A warm-up prompt of the measured length (``input_len``: the prefill shapes, kernels and
+        graphs a measured request needs are then compiled before the first window), from its own RNG
+        stream, so it shares no prefix with a measured prompt."""
         rng = np.random.default_rng([self.seed, _PROMPT_STREAM, 0, 2**32, k])
-        return self._allowed[rng.integers(0, self._allowed.size, size=WARMUP_INPUT_LEN)].tolist()
+        return self._allowed[rng.integers(0, self._allowed.size, size=self.input_len)].tolist()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", default=None,
                    help="model dir: token range from config/tokenizer; config hash in the manifest")
     p.add_argument("--vocab-size", type=int, default=None, help="upper bound (exclusive) of prompt token ids")
-    p.add_argument("--warmup", type=int, default=2, help="short requests sent first, not counted")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="requests of the measured --input-len (8 output tokens) sent first, not counted")
     p.add_argument("--logprobs", action="store_true",
                    help="--api openai: also request logprobs (another per-token source; costs server time)")
     p.add_argument("--request-timeout", type=float, default=None, help="per-request timeout (s)")
@@ -173,7 +175,7 @@ async def _run_all(args, prompts: ClosedLoopPrompts):
         if args.api == "openai" and not args.model:
             args.model = (models[0].get("id") if models else None) or "default"
         for k in range(args.warmup):
-            w = RequestResult(index=-1, timestamp=0.0, input_len=WARMUP_INPUT_LEN, output_len=WARMUP_OUTPUT_LEN)
+            w = RequestResult(index=-1, timestamp=0.0, input_len=prompts.input_len, output_len=WARMUP_OUTPUT_LEN)
             await send_request(args.api, session, args.base_url, prompts.warmup(k), WARMUP_OUTPUT_LEN, w,
                                time.perf_counter(), args.request_timeout, args.temperature, args.model)
             if not w.success:

@@ -162,6 +162,74 @@ def plot_interactivity(sweeps: List[Dict], path: str) -> Optional[str]:
     return path
 
 
+def _reuse(rows: Sequence[Dict]) -> Optional[float]:
+    """Prefix reuse of successful rows: cached prompt tokens / prompt tokens (None without tokens)."""
+    ok = [r for r in rows if r.get("success")]
+    total = sum(r.get("prompt_tokens") or r["input_len"] for r in ok)
+    return sum(r.get("cached_tokens") or 0 for r in ok) / total if total else None
+
+
+def _replay_runs(sweeps: List[Dict], reps: List[Dict]) -> List[tuple]:
+    """(label, request rows) of every sweep point and replay file."""
+    runs = [(f"C{p['concurrency']}", p["requests"]) for d in sweeps for p in d["points"]]
+    runs += [(os.path.basename(d.get("_path", "replay")), d.get("requests") or []) for d in reps]
+    return [(label, rows) for label, rows in runs if rows]
+
+
+def plot_cache_hits(sweeps: List[Dict], reps: List[Dict], path: str) -> Optional[str]:
+    """Prefix reuse (cached / prompt tokens, from each response's ``cached_tokens``) per sweep point
+    and replay run."""
+    runs = [(label, _reuse(rows)) for label, rows in _replay_runs(sweeps, reps)]
+    runs = [(label, v) for label, v in runs if v is not None]
+    if not runs:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    ax.bar(range(len(runs)), [100 * v for _, v in runs], color="tab:green")
+    ax.set_xticks(range(len(runs)), [label for label, _ in runs], fontsize=7)
+    for i, (_, v) in enumerate(runs):
+        ax.annotate(f"{100 * v:.1f}", (i, 100 * v), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+    ax.set_ylabel("prefix reuse (% of prompt tokens)")
+    ax.set_title("prefix-cache hits")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=PLOT_DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_reuse_over_time(sweeps: List[Dict], reps: List[Dict], path: str) -> Optional[str]:
+    """Cumulative prefix reuse against request start time (s from the run's first request), one line
+    per sweep point / replay run: how fast the cache warms and whether it holds."""
+    runs = []
+    for label, rows in _replay_runs(sweeps, reps):
+        ok = sorted((r for r in rows if r.get("success") and r.get("start_time") is not None),
+                    key=lambda r: r["start_time"])
+        if ok:
+            runs.append((label, ok))
+    if not runs:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
+    for label, ok in runs:
+        t0, cached, total, xs, ys = ok[0]["start_time"], 0, 0, [], []
+        for r in ok:
+            cached += r.get("cached_tokens") or 0
+            total += r.get("prompt_tokens") or r["input_len"]
+            xs.append(r["start_time"] - t0)
+            ys.append(100 * cached / total if total else 0.0)
+        ax.plot(xs, ys, "-", lw=1.2, label=label)
+    ax.set_xlabel("request start (s from the run's first request)")
+    ax.set_ylabel("cumulative prefix reuse (%)")
+    ax.set_title("prefix reuse over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=PLOT_DPI)
+    plt.close(fig)
+    return path
+
+
 def _ab_rows(doc: Dict, ok_only: bool = True) -> List[tuple]:
     out = []
     for w in doc["windows"]:
@@ -425,6 +493,8 @@ def write_report(paths: Sequence[str], out: str, title: str, notes: Optional[str
         ("Throughput vs interactivity", plot_interactivity(sw, png("interactivity"))),
         ("TTFT distribution", plot_ttft(ab, sw, png("ttft"))),
         ("ITL distribution", plot_itl(ab, sw, png("itl"))),
+        ("Prefix-cache hits", plot_cache_hits(sw, reps, png("cache-hits"))),
+        ("Prefix reuse over time", plot_reuse_over_time(sw, reps, png("reuse-over-time"))),
     ]
     md = [f"# {title}", "", f"Generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
           "`python -m sglang_hybrid.bench.report`. Definitions: [docs/bench-suite.md]"

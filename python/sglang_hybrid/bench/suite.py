@@ -56,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra-server-args", default="", help="appended to the flags of the server it starts")
     p.add_argument("--server-log", default="runs/bench-server.log",
                    help="log of the server it starts (or of the running one: read for the kernel-path table)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-short")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-short",
+                   help="settings below default to this preset's; each one given overrides it")
+    group = p.add_argument_group("preset settings (override one value of --preset)")
+    for key, value in PRESETS["full"].items():
+        kind = str if isinstance(value, str) else float if isinstance(value, float) or value is None else int
+        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, default=None,
+                           help=f"cpu-short: {PRESETS['cpu-short'][key]}, full: {value}")
     p.add_argument("--out-dir", default="runs/bench", help="result JSONs, report.md and PNGs")
     p.add_argument("--num-gpus", type=float, default=1.0, help="divides the sweep's throughputs")
     p.add_argument("--usd-per-gpu-hour", type=float, default=2.0, help="price for tokens per dollar")
@@ -69,8 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def settings(args: argparse.Namespace) -> Dict[str, Any]:
+    """The preset's settings with every one given on the command line (e.g. ``--ab-window 5`` in
+    ``make bench BENCH_ARGS=...``) replacing the preset's value."""
+    merged = dict(PRESETS[args.preset])
+    merged.update({k: getattr(args, k) for k in merged if getattr(args, k, None) is not None})
+    return merged
+
+
 def _run_parts(args: argparse.Namespace, base_url: str, server_log: Optional[str]) -> List[str]:
-    pr = PRESETS[args.preset]
+    pr = settings(args)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     os.makedirs(args.out_dir, exist_ok=True)
     paths: List[str] = []

@@ -24,13 +24,14 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+PACKAGED_TRACE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces",
+                                   "mooncake_conversation_trace.jsonl")
+
+
 def _default_trace_path() -> str:
-    """``$SGLANG_HYBRID_TRACE`` if set, else the copy in the repository's ``benchmark/traces/``."""
-    env = os.environ.get("SGLANG_HYBRID_TRACE")
-    if env:
-        return env
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    return os.path.join(repo, "benchmark", "traces", "mooncake_conversation_trace.jsonl")
+    """``$SGLANG_HYBRID_TRACE`` if set, else the Mooncake conversation trace shipped as package data
+    (``sglang_hybrid/bench/traces/``, so it is found from an installed wheel or an image too)."""
+    return os.environ.get("SGLANG_HYBRID_TRACE") or PACKAGED_TRACE_PATH
 
 
 DEFAULT_TRACE_PATH = _default_trace_path()

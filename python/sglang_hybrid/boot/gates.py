@@ -22,7 +22,7 @@ import os
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from sgl_hybrid_kernel.dispatch import GateResult, KernelChoice, RegisteredOp, chosen_paths, registered_ops
+from sgl_hybrid_kernel.dispatch import GateResult, KernelChoice, RegisteredOp, chosen_paths, quiet_choices, registered_ops
 
 from sglang_hybrid.platforms import Platform, current_platform
 
@@ -50,7 +50,8 @@ def plan_ops(platform: Platform, ops: Optional[Sequence[RegisteredOp]] = None) -
     out = []
     for op in registered_ops() if ops is None else ops:
         try:
-            out.append((op, op.plan(device)))
+            with quiet_choices():  # the table (op_table) lists them once
+                out.append((op, op.plan(device)))
         except Exception as exc:  # a dispatcher that cannot plan fails its gate with the reason (not a traceback)
             out.append((op, KernelChoice(op.op, PLAN_ERROR, f"{type(exc).__name__} in its plan: {exc}")))
     return out

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from sglang_hybrid.flags import add_plugin_argument
+
 import os
 
 from sglang_hybrid.boot.gates import SKIP_ENV, SKIP_FLAG, run_boot
@@ -26,8 +28,8 @@ LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 
 def _add_skip_flag(result, parser, *args, **kwargs):
     if not any(SKIP_FLAG in a.option_strings for a in parser._actions):
-        parser.add_argument(
-            SKIP_FLAG, action="store_true", default=False,
+        add_plugin_argument(
+            parser, SKIP_FLAG, action="store_true", default=False,
             help="sglang-hybrid: start even if a kernel path fails its start-up numerical check (boot gate) "
                  f"against the torch reference. Same as {SKIP_ENV}=1.",
         )

@@ -5,6 +5,8 @@ AFTER upstream's ``SchedulerInternalStateController.get_internal_state`` (anchor
 gains a ``"sglang_hybrid"`` object:
 
 * ``version``: the installed ``sglang-hybrid`` version;
+* ``flags``: ``{flag: value}`` for every plugin flag (``sglang_hybrid.flags``), the value
+  in effect in the scheduler (None: not given, the default applies);
 * ``kernel_paths``: ``{op: impl}``, the implementation each dispatcher chose last
   (``sgl_hybrid_kernel.dispatch.chosen_paths``, the start-up table);
 * ``kernel_calls``: ``{"op=impl": calls}`` in that scheduler process
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 
 from sgl_hybrid_kernel.dispatch import call_counts, chosen_paths
+from sglang_hybrid.flags import flag_values
 
 TARGET = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state"
 
@@ -29,6 +32,7 @@ def plugin_state() -> dict:
         version = "unknown"
     return {
         "version": version,
+        "flags": flag_values(),
         "kernel_paths": {c.op: c.impl for c in chosen_paths()},
         "kernel_calls": call_counts(),
     }

@@ -293,6 +293,14 @@ class HostTier:
     def has_checkpoint(self, h: bytes) -> bool:
         return ("s", h) in self._lru
 
+    def clear(self) -> None:
+        """Drop every entry (``on_drop`` is called for each, so payloads are freed)."""
+        while self._lru:
+            (kind, h), _ = self._lru.popitem(last=False)
+            if self._on_drop is not None:
+                self._on_drop(kind, h)
+        self.used_bytes = self.num_checkpoints = self.num_pages = 0
+
     def touch(self, kind: str, h: bytes) -> None:
         k = (kind, h)
         if k in self._lru:
@@ -406,7 +414,14 @@ class HybridRadixCache(UnifiedRadixCache):
             on_drop=self.host_payload.drop if self.host_payload is not None else None,
         )
         self.serving = serving
-        self._prom = _PromCounters() if serving and getattr(params, "enable_metrics", False) else None
+        self._prom = None
+        if serving and getattr(params, "enable_metrics", False):
+            collector = getattr(self, "metrics_collector", None)
+            labels = getattr(collector, "labels", None)
+            if labels is None:
+                labels = {"cache_type": type(self).__name__}
+            self._prom = HybridCacheMetrics(labels)
+            self._prom.refresh(self)
         self.chunked_prefill_size = chunked_prefill_size
         self.metrics = CacheMetrics()
         self._hash_cache: Dict[int, Tuple[int, bytes]] = {}
@@ -431,6 +446,17 @@ class HybridRadixCache(UnifiedRadixCache):
 
     def device_checkpoint_count(self) -> int:
         return len(self.tree_core.lru_lists[_MAMBA].cache)
+
+    def reset(self) -> None:
+        """Upstream's reset (``/flush_cache``), then the host tier is emptied too (a flushed
+        server serves the next request cold) and the gauges are refreshed."""
+        super().reset()
+        host = getattr(self, "host", None)  # upstream's __init__ resets before ours has run
+        if host is not None:
+            host.clear()
+            self.value_clock = 0.0
+        if getattr(self, "_prom", None) is not None:
+            self._prom.refresh(self)
 
     def device_used_bytes(self) -> int:
         """KV tokens and state slots in use (cached + held by requests), in bytes."""
@@ -699,8 +725,8 @@ class HybridRadixCache(UnifiedRadixCache):
             mt.kv_match_discarded_tokens += res.full_kv_hit_length - resume
             mt.cut_back_requests += 1
         if self._prom is not None:
-            self._prom.update(resume - host_tokens, host_tokens, len(toks) - resume,
-                              max(0, res.full_kv_hit_length - resume), self)
+            self._prom.count_discarded(res.full_kv_hit_length - resume)
+            self._prom.refresh(self)
         if not getattr(params.req, "_cache_breakdown_computed", True):
             # upstream splits the cached prefix by tier once, on the request's first extend, from its
             # own HiCache fields; our host tier restores pages inside this match, so those fields stay 0
@@ -709,7 +735,7 @@ class HybridRadixCache(UnifiedRadixCache):
             params.req._sglang_hybrid_host_hit_tokens = host_tokens
         if resume > 0:
             self.note_resume(res.last_device_node)
-        logger.info(
+        logger.debug(
             "hybrid-cache match rid=%s len=%d device=%d host=%d recomputed=%d kv_match_discarded=%d",
             rid, len(toks), resume - host_tokens, host_tokens, len(toks) - resume,
             max(0, res.full_kv_hit_length - resume),
@@ -734,7 +760,7 @@ class HybridRadixCache(UnifiedRadixCache):
             if pos in self._donated_positions:
                 # The state was computed at ``pos``; the node holding it must end there (case K8:
                 # with a DCP-widened tree page a state off the page would sit on a shallower node).
-                logger.info(
+                logger.debug(
                     "hybrid-cache checkpoint rid=%s state_pos=%d node_depth=%d tree_page=%d",
                     getattr(req, "rid", None), pos, m.device_prefix_len, self.page_size,
                 )
@@ -742,6 +768,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 self.note_checkpoint(m.last_device_node, "end")  # feeds the decode-end hit rate
         self._pending_end_positions.clear()
         self._donated_positions.clear()
+        if self._prom is not None:
+            self._prom.refresh(self)
         if self.device_budget_bytes is None:
             return
         before = self.device_used_bytes()
@@ -750,7 +778,9 @@ class HybridRadixCache(UnifiedRadixCache):
         ckpts = self.device_checkpoint_count()
         fits = self.enforce_budget()
         self.metrics.budget_evictions += 1
-        logger.info(
+        if self._prom is not None:
+            self._prom.refresh(self)
+        logger.debug(
             "hybrid-cache joint budget: used %d -> %d B (budget %d B), checkpoints %d -> %d%s",
             before, self.device_used_bytes(), self.device_budget_bytes, ckpts, self.device_checkpoint_count(),
             "" if fits else " (locked entries exceed the budget)",
@@ -1013,28 +1043,59 @@ def torch_device_cpu():
     return torch.device("cpu")
 
 
-class _PromCounters:
-    """Prometheus series of the hybrid cache (scraped with upstream's ``/metrics``
-    when the server runs with ``--enable-metrics``; upstream's multiprocess
-    collector picks up series created in the scheduler process)."""
+class HybridCacheMetrics:
+    """Prometheus series of the hybrid cache, beside upstream's radix-cache series.
 
-    def __init__(self):
+    Scraped with upstream's ``/metrics`` when the server runs with ``--enable-metrics``
+    (upstream's multiprocess collector reads series created in the scheduler process).
+    Labels are upstream's radix-cache labels (``cache_type``, ``tp_rank``, ``pp_rank``,
+    ``dp_rank`` and any ``--extra-metric-labels``) plus:
+
+    * ``sglang:hybrid_cache_checkpoints{tier}``: recurrent-state checkpoints held, tier
+      ``device`` or ``host``;
+    * ``sglang:hybrid_cache_bytes{tier, kind}``: bytes held, kind ``kv`` (attention KV of
+      cached tokens) or ``state`` (checkpoints);
+    * ``sglang:hybrid_cache_kv_match_discarded_tokens_total``: prompt tokens whose KV was
+      matched beyond the deepest checkpoint and recomputed anyway (a hybrid resume point
+      needs both; issue #3, "Honest metrics").
+
+    Hit tokens per tier are upstream's ``sglang:cached_tokens_total{cache_source}`` (our
+    host restores are reported there as ``host``); recomputed tokens are upstream's
+    ``sglang:uncached_prompt_tokens_histogram``. Gauges are refreshed on every prefix
+    match, every insert and on ``/flush_cache``.
+    """
+
+    def __init__(self, labels: Dict[str, object]):
         from prometheus_client import Counter, Gauge
 
-        p = "sglang_hybrid_cache_"
-        self.device = Counter(p + "device_hit_tokens", "Prompt tokens resumed from device resume points")
-        self.host = Counter(p + "host_hit_tokens", "Prompt tokens resumed from host-tier resume points")
-        self.recomputed = Counter(p + "recomputed_tokens", "Prompt tokens recomputed (prefill)")
-        self.discarded = Counter(p + "kv_match_discarded_tokens", "KV matched beyond the resume point (no checkpoint there)")
-        self.ckpt_dev = Gauge(p + "device_checkpoints", "Recurrent checkpoints on the device", multiprocess_mode="livesum")
-        self.ckpt_host = Gauge(p + "host_checkpoints", "Recurrent checkpoints in the host tier", multiprocess_mode="livesum")
-        self.host_bytes = Gauge(p + "host_bytes", "Bytes held by the host tier", multiprocess_mode="livesum")
+        self.labels = {k: str(v) for k, v in labels.items()}
+        names = list(self.labels)
+        self.checkpoints = Gauge("sglang:hybrid_cache_checkpoints", "Recurrent-state checkpoints held by the "
+                                 "hybrid radix cache, by tier (device, host).", labelnames=names + ["tier"],
+                                 multiprocess_mode="mostrecent")
+        self.bytes = Gauge("sglang:hybrid_cache_bytes", "Bytes held by the hybrid radix cache, by tier (device, "
+                           "host) and kind (kv: attention KV of cached tokens, state: checkpoints).",
+                           labelnames=names + ["tier", "kind"], multiprocess_mode="mostrecent")
+        self.discarded = Counter("sglang:hybrid_cache_kv_match_discarded_tokens", "Prompt tokens whose KV matched "
+                                 "beyond the deepest checkpoint and were recomputed (no resume point there).",
+                                 labelnames=names)
 
-    def update(self, device, host, recomputed, discarded, cache) -> None:
-        self.device.inc(device)
-        self.host.inc(host)
-        self.recomputed.inc(recomputed)
-        self.discarded.inc(discarded)
-        self.ckpt_dev.set(cache.device_checkpoint_count())
-        self.ckpt_host.set(cache.host.num_checkpoints)
-        self.host_bytes.set(cache.host.used_bytes)
+    def count_discarded(self, tokens: int) -> None:
+        if tokens > 0:
+            self.discarded.labels(**self.labels).inc(tokens)
+
+    def refresh(self, cache: "HybridRadixCache") -> None:
+        """Set the gauges from the cache's current contents."""
+        dev_ckpts = cache.device_checkpoint_count()
+        dev_tokens = cache.full_evictable_size() + cache.full_protected_size()
+        host = cache.host
+        values = {
+            ("device", "kv"): dev_tokens * cache.kv_bytes_per_token,
+            ("device", "state"): dev_ckpts * cache.state_bytes,
+            ("host", "kv"): host.num_pages * host.page_bytes,
+            ("host", "state"): host.num_checkpoints * host.state_bytes,
+        }
+        self.checkpoints.labels(**self.labels, tier="device").set(dev_ckpts)
+        self.checkpoints.labels(**self.labels, tier="host").set(host.num_checkpoints)
+        for (tier, kind), v in values.items():
+            self.bytes.labels(**self.labels, tier=tier, kind=kind).set(v)

@@ -27,6 +27,8 @@
 
 from __future__ import annotations
 
+from sglang_hybrid.flags import add_plugin_argument
+
 import contextvars
 import importlib
 import logging
@@ -226,8 +228,8 @@ def _default_factory(original, ctx, *args, **kwargs):
 def _add_flag(result, parser, *args, **kwargs):
     have = {o for a in parser._actions for o in a.option_strings}
     if HOST_FLAG not in have:
-        parser.add_argument(
-            HOST_FLAG,
+        add_plugin_argument(
+            parser, HOST_FLAG,
             type=float,
             default=None,
             help="sglang-hybrid: host-memory (CPU DRAM) tier of the hybrid radix cache in GB: KV pages and "
@@ -235,8 +237,8 @@ def _add_flag(result, parser, *args, **kwargs):
             f"same as {HOST_ENV}).",
         )
     if DEVICE_FLAG not in have:
-        parser.add_argument(
-            DEVICE_FLAG,
+        add_plugin_argument(
+            parser, DEVICE_FLAG,
             type=float,
             default=None,
             help="sglang-hybrid: one device byte budget (GB) for attention KV and recurrent checkpoints together; "

@@ -21,6 +21,8 @@ the KV / state bookkeeping and the accept-length statistics are upstream's own. 
 
 from __future__ import annotations
 
+from sglang_hybrid.flags import add_plugin_argument
+
 import logging
 import os
 from typing import Optional, Sequence
@@ -120,8 +122,8 @@ def around_verify_tree_greedy(original, *args, **kwargs):
 
 def add_flag(parser) -> None:
     if FLAG not in parser._option_string_actions:
-        parser.add_argument(
-            FLAG,
+        add_plugin_argument(
+            parser, FLAG,
             type=str,
             default=None,
             help="BENCHMARK ONLY (needs SGLANG_HYBRID_BENCHMARK_MODE=1; not accuracy-preserving): greedy chain "

@@ -36,6 +36,8 @@ workers have no adaptive controller upstream; the flag is ignored there (logged)
 
 from __future__ import annotations
 
+from sglang_hybrid.flags import add_plugin_argument
+
 import logging
 import os
 import time
@@ -264,8 +266,8 @@ def add_cli_flag(result, parser, *args, **kwargs):
     benchmark-only ``--speculative-synthetic-acceptance``, ``controlled_acceptance.py``)."""
     controlled_acceptance.add_flag(parser)
     if FLAG not in parser._option_string_actions:
-        parser.add_argument(
-            FLAG,
+        add_plugin_argument(
+            parser, FLAG,
             type=str,
             choices=list(CHOICES),
             default=None,

@@ -7,6 +7,7 @@ manifest. Kernels here never import SGLang; the caller passes its logger.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ _LOCK = threading.Lock()
 _CHOICES: Dict[str, "KernelChoice"] = {}
 _CALLS: Dict[str, int] = {}  # "op=impl" -> calls (eager calls and CUDA-graph captures; a replay runs no Python)
 _logger = logging.getLogger(__name__)
+_QUIET = threading.local()  # set inside quiet_choices(): record without logging
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,21 @@ def record_choice(op: str, impl: str, reason: str, log: Optional[logging.Logger]
         previous = _CHOICES.get(op)
         _CHOICES[op] = choice
         _CALLS[key] = _CALLS.get(key, 0) + 1
-    if previous != choice:
+    if previous != choice and not getattr(_QUIET, "on", False):
         (log or _logger).info("kernel path: %-16s -> %-10s (%s)", op, impl, reason)
     return choice
+
+
+@contextlib.contextmanager
+def quiet_choices():
+    """Within this block (this thread) :func:`record_choice` records and counts but logs nothing:
+    the start-up planning prints all its choices as one table instead of one line each."""
+    before = getattr(_QUIET, "on", False)
+    _QUIET.on = True
+    try:
+        yield
+    finally:
+        _QUIET.on = before
 
 
 def count_call(op: str, impl: str) -> None:

@@ -307,6 +307,7 @@ class TestManifestAndReport(unittest.TestCase):
                 warm = srv.arrivals[0][2]
             m = doc["manifest"]
             self.assertEqual(warm["max_tokens"], abbench.WARMUP_OUTPUT_LEN)
+            self.assertEqual(len(warm["prompt"]), 5)  # warm-up on the measured prompt length (--input-len 5)
             self.assertEqual(m["prompt_seed"], 11)
             self.assertEqual(m["warmup_requests"], 1)
             self.assertEqual(m["server_info"]["model_path"], "scripted-model")
@@ -459,3 +460,41 @@ class TestAIPerfParsing(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestSuitePresetOverrides(unittest.TestCase):
+    def test_a_given_setting_replaces_the_presets_value(self):
+        """``make bench BENCH_ARGS="--ab-window 5 --sweep-concurrency 1,4"`` shortens the preset: the given
+        values win, every other one stays the preset's."""
+        from sglang_hybrid.bench import suite
+
+        args = suite.build_parser().parse_args(["--model-path", "m", "--ab-window", "5",
+                                                "--sweep-concurrency", "1,4", "--num-requests", "8"])
+        got = suite.settings(args)
+        want = dict(suite.PRESETS["cpu-short"], ab_window=5.0, sweep_concurrency="1,4", num_requests=8)
+        self.assertEqual(got, want)
+        full = suite.settings(suite.build_parser().parse_args(["--model-path", "m", "--preset", "full",
+                                                               "--aiperf-request-rate", "2.5"]))
+        self.assertEqual(full, dict(suite.PRESETS["full"], aiperf_request_rate=2.5))
+
+
+class TestCachePlots(unittest.TestCase):
+    def test_reuse_hand_computed_and_both_plots_written(self):
+        """Reuse = cached / prompt tokens of successful rows (a failed row does not count); the report
+        draws the cache-hit and reuse-over-time plots for sweep points and links them."""
+        rows = [
+            {"success": True, "input_len": 100, "prompt_tokens": 100, "cached_tokens": 0, "start_time": 0.0},
+            {"success": True, "input_len": 100, "prompt_tokens": 100, "cached_tokens": 60, "start_time": 1.0},
+            {"success": False, "input_len": 100, "prompt_tokens": None, "cached_tokens": 0, "start_time": 2.0},
+            {"success": True, "input_len": 200, "prompt_tokens": 200, "cached_tokens": 140, "start_time": 3.0},
+        ]
+        self.assertAlmostEqual(report._reuse(rows), 200 / 400)
+        self.assertIsNone(report._reuse([rows[2]]))
+        sweep_doc = {"kind": "sweep", "points": [{"concurrency": 1, "requests": rows}]}
+        with tempfile.TemporaryDirectory() as d:
+            hits = report.plot_cache_hits([sweep_doc], [], os.path.join(d, "hits.png"))
+            over = report.plot_reuse_over_time([sweep_doc], [], os.path.join(d, "over.png"))
+            for p in (hits, over):
+                self.assertTrue(p and os.path.getsize(p) > 1000, p)
+            self.assertIsNone(report.plot_cache_hits([], [], os.path.join(d, "none.png")))
+            self.assertFalse(os.path.exists(os.path.join(d, "none.png")))

@@ -49,6 +49,7 @@ class TestKimiK3DCP2Server(unittest.TestCase):
         cls.model = tiny_kimi_k3()
         args = cpu_server_args(max_total_tokens=MAX_TOTAL_TOKENS, max_mamba_cache_size=32) + [
             "--tp", "2", "--dcp-size", str(DCP), "--page-size", str(PAGE), "--chunked-prefill-size", str(CHUNK),
+            "--log-level", "debug",  # the cache's per-request "hybrid-cache checkpoint" lines are DEBUG
         ]
         server = LaunchedServer(cls.model, args, env={"SGLANG_CPU_OMP_THREADS_BIND": _thread_bind()}, timeout=600)
         cls.log_path = server.log_path

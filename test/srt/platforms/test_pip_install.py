@@ -76,7 +76,7 @@ def _pip(py: str, cwd: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-ENV = dict(os.environ, PYTHONPATH="", SGLANG_USE_CPU_ENGINE="1")
+ENV = dict({k: v for k, v in os.environ.items() if k != "SGLANG_HYBRID_TRACE"}, PYTHONPATH="", SGLANG_USE_CPU_ENGINE="1")
 
 
 def _installed(root: str, requirement: str) -> tuple:
@@ -99,7 +99,9 @@ class TestPipInstallIntoExistingSGLang(unittest.TestCase):
                 [py, "-c", "import importlib.metadata as m, sglang_hybrid, sgl_hybrid_kernel, sgl_kernel; "
                  "print(sglang_hybrid.__file__); print(sgl_hybrid_kernel.__file__); print(sgl_kernel.__file__); "
                  "print(m.version('sglang-hybrid'), m.version('sgl-hybrid-kernel'), m.version('sgl-hybrid-cpu-shim')); "
-                 "print([r for r in m.requires('sglang-hybrid') if r.startswith(('sglang', 'sgl-hybrid'))])"],
+                 "print([r for r in m.requires('sglang-hybrid') if r.startswith(('sglang', 'sgl-hybrid'))]); "
+                 "from sglang_hybrid.bench.trace import DEFAULT_TRACE_PATH, load_trace; "
+                 "print(DEFAULT_TRACE_PATH); print(len(load_trace(DEFAULT_TRACE_PATH)))"],
                 env=ENV, capture_output=True, text=True, timeout=300,
             )
             self.assertEqual(where.returncode, 0, where.stderr[-3000:])
@@ -109,10 +111,14 @@ class TestPipInstallIntoExistingSGLang(unittest.TestCase):
             self.assertEqual(lines[3], "0.1.0 0.1.0 0.1.0")
             self.assertIn("'sglang==0.5.23'", lines[4])
             self.assertIn("sgl-hybrid-kernel @ file://", lines[4])
+            # the Mooncake trace is package data: the installed package replays it without a checkout
+            self.assertTrue(lines[5].startswith(site), (lines[5], site))
+            self.assertEqual(int(lines[6]), 12031)
             helped = _launch_help(py)
             self.assertEqual(helped.returncode, 0, helped.stderr[-3000:])
             self.assertIn("--hybrid-host-cache-gb", helped.stdout)
             self.assertIn("--hybrid-device-cache-gb", helped.stdout)
+            self.assertIn("sglang-hybrid plugin:", helped.stdout)  # the plugin's own --help heading
 
     def test_without_the_cpu_extra_the_missing_sgl_kernel_is_named(self):
         """Without ``[cpu]`` on a machine where upstream's sglang-kernel cannot load, start-up names the

@@ -34,7 +34,8 @@ GRID = 64
 # or ~9 checkpoints; the pools below are 1,600 tokens (1.0 MB) + 16 slots (2.0 MB).
 JOINT_BUDGET_GB = 0.0012
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
-COMMON = ["--page-size", "16", "--chunked-prefill-size", "256"]
+# --log-level debug: the per-request "hybrid-cache match" / "checkpoint" / "joint budget" lines are DEBUG
+COMMON = ["--page-size", "16", "--chunked-prefill-size", "256", "--log-level", "debug"]
 
 
 def ids(seed: int, n: int):
@@ -126,8 +127,11 @@ class TestHybridCacheServerCases(CustomTestCase):
             generate(s.base_url, SPLIT_W)
             cls.split = generate_batch(s.base_url, [SPLIT_A, SPLIT_B])
             cls.metrics = requests.get(s.base_url + "/metrics", timeout=30).text
+            cls.info = requests.get(s.base_url + "/server_info", timeout=30).json()
             cls.k3 = cls._abort_then_retry(s.base_url)
             cls.k12_healthy = cls._abort_storm(s.base_url)
+            requests.post(s.base_url + "/flush_cache", timeout=60).raise_for_status()
+            cls.metrics_flushed = requests.get(s.base_url + "/metrics", timeout=30).text
             with open(s.log_path, errors="replace") as f:
                 cls.log = f.read()
         with LaunchedServer(cls.model, args + ["--hybrid-device-cache-gb", str(JOINT_BUDGET_GB)], env=STRICT) as s:
@@ -227,16 +231,44 @@ class TestHybridCacheServerCases(CustomTestCase):
         self.assertEqual(self.on_details["K7 sentinel again 2"], {"device": 320, "host": 0})
         self.assertEqual(self.on_details["K1 warm"], {"device": EXPECTED_CACHED["K1 warm"], "host": 0})
 
-    def test_metrics_exported(self):
-        def value(name):
-            m = re.search(r"^" + name + r"(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", self.metrics, re.M)
-            self.assertIsNotNone(m, f"{name} not in /metrics")
-            return float(m.group(1))
+    def test_server_info_carries_plugin_flags(self):
+        """``/server_info`` -> ``internal_states[0].sglang_hybrid.flags``: every plugin flag, the given
+        one with its value as the scheduler sees it, the others None."""
+        flags = self.info["internal_states"][0]["sglang_hybrid"]["flags"]
+        self.assertEqual(float(flags["--hybrid-host-cache-gb"]), 0.05)
+        self.assertIsNone(flags["--hybrid-device-cache-gb"])
+        self.assertIn("--skip-boot-gates", flags)
+        self.assertIn("--speculative-depth-controller", flags)
 
-        self.assertGreaterEqual(value("sglang_hybrid_cache_host_hit_tokens"), 64)  # the K7 restore: at least one page
-        self.assertGreater(value("sglang_hybrid_cache_device_hit_tokens"), 0)
-        self.assertGreaterEqual(value("sglang_hybrid_cache_kv_match_discarded_tokens"), 144)
-        self.assertGreater(value("sglang_hybrid_cache_recomputed_tokens"), 0)
+    def test_metrics_exported(self):
+        """Our series under upstream's ``sglang:`` namespace with its rank labels plus tier/kind; hits per
+        tier come from upstream's own ``cached_tokens_total`` (our host restores counted as host); the
+        gauges read the cache's contents and drop to 0 after ``/flush_cache``."""
+        def value(text, name, **labels):
+            for m in re.finditer(r"^" + re.escape(name) + r"\{([^}]*)\} ([0-9.e+-]+)$", text, re.M):
+                have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+                if all(have.get(k) == v for k, v in labels.items()):
+                    if name.startswith("sglang:hybrid_cache_"):  # upstream's radix-cache labels
+                        self.assertEqual(have.get("cache_type"), "HybridRadixCache")
+                        self.assertIn("tp_rank", have)
+                    return float(m.group(2))
+            self.fail(f"{name}{labels} not in /metrics")
+
+        m = self.metrics
+        self.assertGreaterEqual(value(m, "sglang:cached_tokens_total", cache_source="host"), 64)  # K7: one page at least
+        self.assertGreater(value(m, "sglang:cached_tokens_total", cache_source="device"), 0)
+        self.assertGreaterEqual(value(m, "sglang:hybrid_cache_kv_match_discarded_tokens_total"), 144)
+        dev = value(m, "sglang:hybrid_cache_checkpoints", tier="device")
+        self.assertGreater(dev, 0)
+        self.assertEqual(value(m, "sglang:hybrid_cache_bytes", tier="device", kind="state"), dev * 125952)
+        self.assertGreater(value(m, "sglang:hybrid_cache_checkpoints", tier="host"), 0)
+        self.assertGreater(value(m, "sglang:hybrid_cache_bytes", tier="host", kind="kv"), 0)
+        self.assertNotIn("sglang_hybrid_cache_", m)  # the former unlabelled series are gone
+        f = self.metrics_flushed
+        for tier in ("device", "host"):
+            self.assertEqual(value(f, "sglang:hybrid_cache_checkpoints", tier=tier), 0)
+            for kind in ("kv", "state"):
+                self.assertEqual(value(f, "sglang:hybrid_cache_bytes", tier=tier, kind=kind), 0)
 
     def test_split_with_chunked_neighbour_equals_cache_off(self):
         self.assertEqual([out for out, _ in self.split], self.split_off)

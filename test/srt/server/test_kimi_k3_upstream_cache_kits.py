@@ -154,7 +154,7 @@ class TestRadixCacheServerKitHybridCache(RadixCacheServerKitScaled, CustomTestCa
         cuts; the second is deferred (before that fix it replaced the first as the batch's chunked
         request, and the full kit ended the server on upstream's committed-length check)."""
         self.assertIn("would be a second chunked request in this batch", self.log)
-        self.assertIn("hybrid-cache match rid=", self.log)
+        self.assertIn("hybrid cache: HybridRadixCache (", self.log)
 
 
 class TestRadixCacheServerKitUpstreamCache(RadixCacheServerKitScaled, CustomTestCase):
@@ -164,7 +164,7 @@ class TestRadixCacheServerKitUpstreamCache(RadixCacheServerKitScaled, CustomTest
 
     def test_upstream_cache_selected(self):
         self.assertIn("radix cache: upstream's UnifiedRadixCache (--radix-cache-backend upstream)", self.log)
-        self.assertNotIn("hybrid-cache match rid=", self.log)
+        self.assertNotIn("hybrid cache: HybridRadixCache (", self.log)
 
 
 if __name__ == "__main__":

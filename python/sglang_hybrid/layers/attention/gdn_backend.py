@@ -43,6 +43,11 @@ logger = logging.getLogger(__name__)
 MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
 
 
+# Upstream logs "Linear attention kernel backend: decode=triton, ..." from its own dispatcher settings
+# before this backend is built; on CPU none of those kernels runs, and the reason says so.
+CPU_REASON = ("CPU platform: plain-torch reference; upstream's 'Linear attention kernel backend' line "
+              "names kernels not used on CPU")
+
 class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
     """Upstream's GDN backend, with a plain-torch path on CPU (see module docstring)."""
 
@@ -60,7 +65,7 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
         self.mis_metadata = None
         self._use_strided_target_verify_qkv = False
         for op in ("gdn_prefill", "gdn_decode", "causal_conv1d"):
-            record_choice(op, "torch", "CPU platform: plain-torch reference", log=logger)
+            record_choice(op, "torch", CPU_REASON, log=logger)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

@@ -38,6 +38,11 @@ from sglang_hybrid.platforms import current_platform
 logger = logging.getLogger(__name__)
 
 
+# Upstream logs "Linear attention kernel backend: decode=triton, ..." from its own dispatcher settings
+# before this backend is built; on CPU none of those kernels runs, and the reason says so.
+CPU_REASON = ("CPU platform: plain-torch reference; upstream's 'Linear attention kernel backend' line "
+              "names kernels not used on CPU")
+
 class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
     """Upstream's KDA backend, with a plain-torch path on CPU (see module docstring)."""
 
@@ -59,7 +64,7 @@ class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
         self.prefill_graph_metadata = None
         self._fused_chain_verify_fn = None
         for op in ("kda_prefill", "kda_decode", "causal_conv1d"):
-            record_choice(op, "torch", "CPU platform: plain-torch reference", log=logger)
+            record_choice(op, "torch", CPU_REASON, log=logger)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod

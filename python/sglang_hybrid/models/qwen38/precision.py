@@ -31,6 +31,8 @@ draft head keeps full precision.
 
 from __future__ import annotations
 
+from sglang_hybrid.flags import add_plugin_argument
+
 import logging
 import os
 from dataclasses import dataclass
@@ -184,16 +186,16 @@ def add_precision_flags(result, parser, *args, **kwargs):
     """AFTER ``ServerArgs.add_cli_args``: the three flags (idempotent)."""
     have = {s for a in parser._actions for s in a.option_strings}
     if FP8_FLAG not in have:
-        parser.add_argument(FP8_FLAG, action="store_true", default=False,
+        add_plugin_argument(parser, FP8_FLAG, action="store_true", default=False,
                             help="sglang-hybrid (Qwen3.8 CPU reference model): run the hyper-connection low-rank "
                                  f"projections as FP8 W8A16 with per-output-channel scales. Same as {FP8_ENV}=1.")
     if TOPK_FLAG not in have:
-        parser.add_argument(TOPK_FLAG, type=int, default=None, metavar="K",
+        add_plugin_argument(parser, TOPK_FLAG, type=int, default=None, metavar="K",
                             help="sglang-hybrid (Qwen3.8 CPU reference model): screen the vocabulary with "
                                  "low-precision LM-head rows and recompute the best K exactly (0: off). "
                                  f"Same as {TOPK_ENV}=K.")
     if FORMAT_FLAG not in have:
-        parser.add_argument(FORMAT_FLAG, choices=FORMATS, default=None,
+        add_plugin_argument(parser, FORMAT_FLAG, choices=FORMATS, default=None,
                             help=f"sglang-hybrid: the screen's weight format (default fp8). Same as {FORMAT_ENV}.")
     return result
 
