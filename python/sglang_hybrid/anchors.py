@@ -400,6 +400,16 @@ ANCHORS: List[Anchor] = [
         "AROUND hook on CPU: the DCP platform guard (its module's only is_cuda() call) admits the CPU device",
         snippet="is_hip() or is_cuda() or _is_npu or _is_xpu",
     ),
+    Anchor(  # --warmups sglang_hybrid (entrypoints/warmup.py): registered in upstream's custom warm-ups
+        "sglang.srt.entrypoints.warmup.warmup",
+        "registers the 'sglang_hybrid' warm-up (chunked prefill, resumed extend, batched decode)",
+        snippet="_warmup_registry[name] = fn",
+    ),
+    Anchor(
+        "sglang.srt.entrypoints.http_server._execute_server_warmup",
+        "upstream's own warm-up, one 3-token prompt, which compiles none of the long-prompt kernels",
+        snippet="[10, 11, 12]",
+    ),
     Anchor(  # /get_server_info carries the plugin's version, kernel paths and call counts (entrypoints/server_info.py)
         "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
         "AFTER hook adding internal_state['sglang_hybrid']",

@@ -165,6 +165,9 @@ def register() -> None:
     from sglang_hybrid.tools import layer_taps
 
     server_info.install()  # /get_server_info: plugin version, kernel paths, kernel call counts
+    from sglang_hybrid.entrypoints import warmup as hybrid_warmup
+
+    hybrid_warmup.install()  # --warmups sglang_hybrid, added for our GPU kernel backends (issue 40, item 6)
     layer_taps.install()  # SGLANG_HYBRID_LAYER_TAPS=DIR: per-layer taps of extend passes (docs/gpu.md)
 
     if platform.is_cpu:

@@ -41,6 +41,11 @@ CODE = textwrap.dedent(
             out[flag] = getattr(args, flag[2:].replace("-", "_"))
         except SystemExit:
             out[flag] = "refused by the parser"
+    for name, extra in (("warm_ours", ["--linear-attn-backend", "sgl_hybrid"]),
+                        ("warm_mla", ["--attention-backend", "sgl_hybrid_mla", "--warmups", "voice_chat"]),
+                        ("warm_skip", ["--linear-attn-backend", "sgl_hybrid", "--skip-server-warmup"]),
+                        ("warm_plain", [])):
+        out[name] = prepare_server_args(base + extra).warmups
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     out["help"] = next(a.help for a in parser._actions if "--radix-cache-backend" in a.option_strings)
@@ -72,6 +77,10 @@ def test_plugin_flags_through_upstream_parser():
     for flag in ("--linear-attn-backend", "--linear-attn-decode-backend", "--linear-attn-prefill-backend",
                  "--linear-attn-verify-backend"):
         assert out[flag] == "sgl_hybrid", (flag, out[flag])
+    # our GPU kernel backends get the hybrid warm-up (entrypoints/warmup.py) unless warm-up is skipped
+    assert out["warm_ours"] == "sglang_hybrid", out["warm_ours"]
+    assert out["warm_mla"] == "voice_chat,sglang_hybrid", out["warm_mla"]
+    assert out["warm_skip"] is None and out["warm_plain"] is None, (out["warm_skip"], out["warm_plain"])
     assert "Multiple AROUND hooks on 'sglang.srt.server_args.ServerArgs.from_cli_args'" not in out["log"] + res.stderr
 
 

@@ -7,7 +7,9 @@ and output of every direct child module of a decoder layer
 upstream's logits processor returns, and writes them to
 ``DIR/pass-r<tp rank>-<n>.pt`` (a ``dict``: ``input_ids`` int64 ``[N]``,
 ``taps`` ``{"<module>:in" | "<module>:out" | "logits": float32 tensor}``).
-``SGLANG_HYBRID_LAYER_TAPS_MAX`` (default 32) bounds the number of passes kept.
+``SGLANG_HYBRID_LAYER_TAPS_MAX`` (default 32) bounds the number of passes kept and
+``SGLANG_HYBRID_LAYER_TAPS_MAX_TOKENS`` (default 1024) the tokens of a recorded pass: longer
+passes (e.g. the start-up warm-up's long prompt) are not recorded and do not count.
 
 The same switch works for our CPU reference models and for upstream's model
 classes on CUDA, whose module trees share these names, so one prompt served by
@@ -35,6 +37,7 @@ logger = logging.getLogger("sglang_hybrid.layer_taps")
 
 TAPS_ENV = "SGLANG_HYBRID_LAYER_TAPS"
 TAPS_MAX_ENV = "SGLANG_HYBRID_LAYER_TAPS_MAX"
+TAPS_MAX_TOKENS_ENV = "SGLANG_HYBRID_LAYER_TAPS_MAX_TOKENS"
 _LAYER_CHILD = re.compile(r"(^|\.)layers\.(\d+)\.([A-Za-z_]+)$")
 
 
@@ -60,8 +63,9 @@ def _forward_batch(args, kwargs):
 class LayerTaps:
     """Forward hooks on ``model`` that write each extend pass to ``out_dir`` (see module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, out_dir: str, rank: int = 0, max_passes: int = 32):
-        self.out_dir, self.rank, self.max_passes = out_dir, rank, max_passes
+    def __init__(self, model: torch.nn.Module, out_dir: str, rank: int = 0, max_passes: int = 32,
+                 max_tokens: int = 1024):
+        self.out_dir, self.rank, self.max_passes, self.max_tokens = out_dir, rank, max_passes, max_tokens
         os.makedirs(out_dir, exist_ok=True)
         self.passes = 0
         self._taps: Optional[Dict[str, torch.Tensor]] = None
@@ -93,7 +97,7 @@ class LayerTaps:
         if mode is None or mode.name not in ("EXTEND", "MIXED"):
             return None
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if not isinstance(ids, torch.Tensor):
+        if not isinstance(ids, torch.Tensor) or ids.numel() > self.max_tokens:
             return None
         self._input_ids = ids.detach().to("cpu", torch.int64).clone()
         self._taps = {}
@@ -139,7 +143,8 @@ def _attach(_result, runner, *args, **kwargs):
     model = getattr(runner, "model", None)
     if isinstance(model, torch.nn.Module):
         rank = int(getattr(runner, "tp_rank", 0) or 0)
-        runner._sglang_hybrid_layer_taps = LayerTaps(model, out_dir, rank, int(os.environ.get(TAPS_MAX_ENV, "32")))
+        runner._sglang_hybrid_layer_taps = LayerTaps(model, out_dir, rank, int(os.environ.get(TAPS_MAX_ENV, "32")),
+                                                     int(os.environ.get(TAPS_MAX_TOKENS_ENV, "1024")))
     return None
 
 

@@ -65,6 +65,16 @@ class TestLayerTaps(unittest.TestCase):
             torch.testing.assert_close(taps["model.layers.1.mlp:out"], x * 12)
             self.assertEqual(passes[1]["input_ids"].tolist(), [1, 2, 3])
 
+    def test_passes_over_the_token_limit_are_not_recorded_and_do_not_count(self):
+        """The start-up warm-up's long prompt must not use up the pass budget before the tap prompt."""
+        with tempfile.TemporaryDirectory() as d:
+            model = _Model()
+            layer_taps.LayerTaps(model, d, max_passes=1, max_tokens=4)
+            model.forward(torch.arange(1, 6), None, _Batch(ForwardMode.EXTEND))  # 5 tokens: over the limit
+            model.forward(torch.tensor([7, 8]), None, _Batch(ForwardMode.EXTEND))
+            model.forward(torch.tensor([9]), None, _Batch(ForwardMode.EXTEND))  # budget of 1 pass used
+            self.assertEqual([p["input_ids"].tolist() for p in layer_taps.load_passes(d)], [[7, 8]])
+
     def test_compare_passes_names_the_layer_that_departs(self):
         with tempfile.TemporaryDirectory() as ref_dir, tempfile.TemporaryDirectory() as test_dir:
             ref, bad = _Model(), _Model()
