@@ -520,7 +520,9 @@ class HybridRadixCache(UnifiedRadixCache):
                 return
         if node is None or node is self.tree_core.root_node:
             return
-        node._hyb_hits = getattr(node, "_hyb_hits", 0) + 1 if hit else max(1, getattr(node, "_hyb_hits", 1))
+        # A checkpoint counts its store as one use; one first seen at a resume (stored by upstream's
+        # insert or restored from the host tier without passing note_checkpoint) was stored too.
+        node._hyb_hits = getattr(node, "_hyb_hits", 1) + 1 if hit else max(1, getattr(node, "_hyb_hits", 1))
         node._hyb_t = self.value_clock
 
     def checkpoint_priority(self, node) -> float:

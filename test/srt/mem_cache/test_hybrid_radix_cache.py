@@ -226,6 +226,12 @@ class TestHybridRadixCache(unittest.TestCase):
         run_request(cache, alloc, pool, other)
         onode = [n for n, d in checkpoint_depths(cache).items() if d == 128][0]
         self.assertAlmostEqual(cache.checkpoint_priority(onode), cache.value_clock + 128 * STB / (STB + 128 * KVB))
+        # a checkpoint whose store this cache never saw (upstream's insert, a host restore) counts the
+        # store at its first resume: hits 2, as for one stored here and resumed once
+        for attr in ("_hyb_hits", "_hyb_t"):
+            delattr(onode, attr)
+        cache.note_resume(onode)
+        self.assertAlmostEqual(cache.checkpoint_priority(onode), cache.value_clock + 2 * 128 * STB / (STB + 128 * KVB))
 
     def test_unused_checkpoint_ages_out(self):
         """GDSF's clock: a checkpoint used often long ago loses to fresh ones once evictions
