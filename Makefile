@@ -60,7 +60,7 @@ GPU_PYTHON ?= $(PY)
 GPU_WORKERS ?= 4
 test-gpu:
 	@set +e; SGLANG_HYBRID_TEST_DEVICE=cuda SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
-	  $(GPU_PYTHON) -m pytest test/gpu -v -n $(GPU_WORKERS) --dist loadclass $(PYTEST_ARGS); rc=$$?; \
+	  $(GPU_PYTHON) -m pytest test/gpu -v -n $(GPU_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests from test/gpu: treating as a failure"; exit 1; fi; \
 	exit $$rc
 
