@@ -94,6 +94,28 @@ def checkpoint_digest(model_dir: str) -> str:
     return h.hexdigest()
 
 
+def tensor_digest(model_dir: str) -> str:
+    """sha256 of the checkpoint's tensor values (name, dtype, shape, bytes), independent of how the
+    safetensors files were written: tells a different file encoding from different weights."""
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors"):
+            tensors = load_file(os.path.join(model_dir, name))
+            for key in sorted(tensors):
+                t = tensors[key].contiguous()
+                h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+                h.update(t.view(-1).view(torch_uint8()).numpy().tobytes())
+    return h.hexdigest()
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
 # every request asks for the chosen token's log-prob and the top two per position
 LOGPROBS = {"return_logprob": True, "top_logprobs_num": 2}
 # The comparison rule's defaults (see compare_continuations; serving_checks.TOLERANCES per dtype)
