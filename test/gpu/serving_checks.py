@@ -33,7 +33,7 @@ GPU_COMMON = [
     "--max-total-tokens", "1600",
     "--max-mamba-cache-size", "16",
     "--max-running-requests", "8",
-    "--cuda-graph-max-bs", "8",
+    "--cuda-graph-max-bs-decode", "8",
     "--hybrid-host-cache-gb", "0.5",
 ]
 # Tolerances per serving dtype, against the FP32 CPU reference: taps (relative to each tap's largest

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from sglang_hybrid.flags import add_plugin_argument
 
+import logging
 import os
 
 from sglang_hybrid.boot.gates import SKIP_ENV, SKIP_FLAG, run_boot
+
+logger = logging.getLogger("sglang_hybrid.boot")
 
 _BOOTED = False
 
@@ -37,9 +40,30 @@ def _add_skip_flag(result, parser, *args, **kwargs):
 
 
 def _export_skip_flag(cls, args, *rest, **kwargs):
-    """BEFORE ``ServerArgs.from_cli_args``: ``--skip-boot-gates`` -> the environment the scheduler inherits."""
+    """BEFORE ``ServerArgs.from_cli_args``: ``--skip-boot-gates`` -> the environment the scheduler inherits;
+    and :func:`conv_state_follows_fp32`."""
     if getattr(args, "skip_boot_gates", False):
         os.environ[SKIP_ENV] = "1"
+    conv_state_follows_fp32(args)
+
+
+CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
+
+
+def conv_state_follows_fp32(args) -> bool:
+    """``--dtype float32`` -> ``SGLANG_MAMBA_CONV_DTYPE=float32`` unless the user set it.
+
+    Upstream keeps the KDA / GDN conv window in BF16 whatever ``--dtype`` is, and its KDA extend then
+    writes FP32 rows into that BF16 cache: the first prefill fails with "Index put requires the source
+    and destination dtypes match" (upstream's Kimi K3 class on an H100, 2026-12-07). Returns whether
+    the variable was set here.
+    """
+    if str(getattr(args, "dtype", "")) in ("float32", "float") and CONV_DTYPE_ENV not in os.environ:
+        os.environ[CONV_DTYPE_ENV] = "float32"
+        logger.info("sglang-hybrid: --dtype float32 -> %s=float32 (upstream keeps the conv window in BF16, "
+                    "and its KDA extend then fails writing FP32 rows into it)", CONV_DTYPE_ENV)
+        return True
+    return False
 
 
 def _rank() -> int:
