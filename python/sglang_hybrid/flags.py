@@ -35,6 +35,8 @@ PLUGIN_FLAGS: Dict[str, PluginFlag] = {
     for f in (
         PluginFlag("--hybrid-host-cache-gb", "SGLANG_HYBRID_HOST_CACHE_GB", "sglang_hybrid.mem_cache.serving"),
         PluginFlag("--hybrid-device-cache-gb", "SGLANG_HYBRID_DEVICE_CACHE_GB", "sglang_hybrid.mem_cache.serving"),
+        PluginFlag("--hybrid-store", "SGLANG_HYBRID_STORE", "sglang_hybrid.mem_cache.serving"),
+        PluginFlag("--hybrid-store-config", "SGLANG_HYBRID_STORE_CONFIG", "sglang_hybrid.mem_cache.serving"),
         PluginFlag("--skip-boot-gates", "SGLANG_HYBRID_SKIP_BOOT_GATES", "sglang_hybrid.boot.hooks"),
         PluginFlag("--speculative-depth-controller", "SGLANG_HYBRID_SPEC_DEPTH_CONTROLLER",
                    "sglang_hybrid.speculative.controller_hooks"),

@@ -326,6 +326,10 @@ class CacheMetrics:
     budget_evictions: int = 0  # inserts after which the joint device budget made the cache evict
     decode_end_skipped: int = 0  # decode-time states not donated (the policy predicted no reuse)
     host_restore_replans: int = 0  # host restores planned again: making room evicted device KV the plan kept
+    store_hit_tokens: int = 0  # prompt tokens resumed from resume points read from the store tier
+    store_pages_written: int = 0
+    store_states_written: int = 0
+    store_to_host_bytes: int = 0  # KV pages + checkpoints read from the store tier
     per_request: List[Dict[str, int]] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> Dict[str, int]:
@@ -343,6 +347,7 @@ class HostMatch:
     kv_hit_len: int  # longest KV match on device or host
     last_node: object
     loaded_bytes: int
+    store_hit_len: int = 0  # part of host_hit_len read from the store tier first
 
 
 class HybridRadixCache(UnifiedRadixCache):
@@ -387,6 +392,7 @@ class HybridRadixCache(UnifiedRadixCache):
         serving: bool = False,
         chunked_prefill_size: Optional[int] = None,
         max_checkpoints_per_path: Optional[int] = None,
+        store=None,
         **kwargs,
     ):
         overrides = dict(params.component_registry_override or {})
@@ -414,6 +420,10 @@ class HybridRadixCache(UnifiedRadixCache):
             on_drop=self.host_payload.drop if self.host_payload is not None else None,
         )
         self.serving = serving
+        if store is not None and self.host_payload is None:
+            raise ValueError("the store tier needs the host tier with payloads (--hybrid-host-cache-gb > 0)")
+        self.store = store  # StoreTier (mem_cache/store.py) or None
+        self._store_pending: "OrderedDict[bytes, List[bytes]]" = OrderedDict()  # state hash -> its pages
         self._prom = None
         if serving and getattr(params, "enable_metrics", False):
             collector = getattr(self, "metrics_collector", None)
@@ -611,12 +621,104 @@ class HybridRadixCache(UnifiedRadixCache):
             if self.host_payload is not None:
                 self.host_payload.save_kv(hashes, node.component_data[_FULL].value)
             self.host.put_pages(hashes)
+            if self.store is not None:
+                self._store_pages(hashes)
         else:
             _, h = self._node_end_hash(node)
             if self.host_payload is not None:
                 self.host_payload.save_state(h, node.component_data[_MAMBA].value)
             self.host.put_checkpoint(h)
+            if self.store is not None:
+                self._store_path_pages(node)
+                self._store_state(h, self._path_page_hashes(node))
         self._hash_cache.pop(id(node), None)
+
+    # ------------------------------------------------------------- store tier
+    STORE_PENDING_MAX = 4096  # checkpoints in the store waiting for their pages (oldest dropped first)
+
+    def _path_page_hashes(self, node) -> List[bytes]:
+        """Hashes of every page of ``[0, end of node)``, root first."""
+        chain, x, root = [], node, self.tree_core.root_node
+        while x is not None and x is not root:
+            chain.append(x)
+            x = x.parent
+        out: List[bytes] = []
+        for n in reversed(chain):
+            out.extend(self._node_page_hashes(n))
+        return out
+
+    def _store_pages(self, hashes: List[bytes]) -> None:
+        """Write the host copies of ``hashes`` not yet in the store, then publish the checkpoints that
+        were waiting for them (write-back on device eviction)."""
+        have = self.store.exists("kv", hashes)
+        for h, stored in zip(hashes, have):
+            if not stored:
+                rows = self.host_payload.page_rows(h) if self.host_payload is not None else []  # [] accounting only
+                if rows is not None and self.store.put_page(h, rows):
+                    self.metrics.store_pages_written += 1
+        new = set(hashes)
+        for sh in [sh for sh, pages in self._store_pending.items() if any(p in new for p in pages)]:
+            if self.store.publish(sh, self._store_pending[sh]):
+                del self._store_pending[sh]
+
+    def _store_path_pages(self, node) -> None:
+        """Write the KV pages of ``[0, end of node)`` that the store lacks, from the host tier or straight
+        from the device (a checkpoint leaving the device is published with its whole path, even when the
+        path's KV stays hot on this instance)."""
+        chain, x, root = [], node, self.tree_core.root_node
+        while x is not None and x is not root:
+            chain.append(x)
+            x = x.parent
+        for n in reversed(chain):
+            hashes = self._node_page_hashes(n)
+            missing = [i for i, ok in enumerate(self.store.exists("kv", hashes)) if not ok]
+            if not missing:
+                continue
+            dev_rows = None
+            value = n.component_data[_FULL].value
+            page = self.page_size
+            for i in missing:
+                if self.host_payload is None:  # accounting only (trace replay over fake pools)
+                    if self.store.put_page(hashes[i], []):
+                        self.metrics.store_pages_written += 1
+                    continue
+                rows = self.host_payload.page_rows(hashes[i])
+                if rows is None and value is not None and len(value) >= (i + 1) * page:
+                    if dev_rows is None:
+                        dev_rows = self.host_payload.device_rows(value)
+                    rows = [None if t is None else t[i * page : (i + 1) * page].clone() for t in dev_rows]
+                if rows is not None and self.store.put_page(hashes[i], rows):
+                    self.metrics.store_pages_written += 1
+
+    def _store_state(self, h: bytes, page_hashes: List[bytes]) -> None:
+        """Write the checkpoint at ``h`` and publish it now if its pages are stored, else when they are."""
+        state = self.host_payload.state_tensors(h) if self.host_payload is not None else ([], 0)
+        if state is None or not self.store.put_state(h, *state):
+            return
+        self.metrics.store_states_written += 1
+        if not self.store.publish(h, page_hashes):
+            self._store_pending[h] = page_hashes
+            while len(self._store_pending) > self.STORE_PENDING_MAX:
+                self._store_pending.popitem(last=False)
+
+    def _fetch_from_store(self, hashes: List[bytes], resume: int) -> bool:
+        """Read the resume point at ``resume`` (its pages not in the host tier, and its state) into the
+        host tier; False (nothing added) when any part cannot be read."""
+        page = self.page_size
+        need = [h for h in hashes[: resume // page] if not self.host.has_page(h)]
+        state_hash = hashes[resume // page - 1]
+        got = self.store.read(need, state_hash)
+        if got is None:
+            return False
+        pages, state = got
+        if self.host_payload is not None:
+            for h, rows in zip(need, pages):
+                self.host_payload.add_page(h, rows)
+            self.host_payload.add_state(state_hash, state["tensors"], int(state["dim"]))
+        self.metrics.store_to_host_bytes += len(need) * page * self.kv_bytes_per_token + self.state_bytes
+        self.host.put_pages(need)
+        self.host.put_checkpoint(state_hash)
+        return True
 
     # ------------------------------------------------------------- match
     def match_with_host(self, token_ids, *, load: bool = True) -> HostMatch:
@@ -639,18 +741,37 @@ class HybridRadixCache(UnifiedRadixCache):
             if not self.host.enabled:
                 return HostMatch(dev, dev, 0, kv_dev, m.last_device_node, 0)
             hashes = self.prefix_hashes(token_ids, len(token_ids))
-            kv_hit, host_resume = kv_dev, dev
+            k0 = kv_dev // self.page_size
+            store_kv = store_rp = [False] * len(hashes)
+            if self.store is not None and hashes:
+                store_kv = [False] * k0 + self.store.exists("kv", hashes[k0:])
+                store_rp = [False] * k0 + self.store.exists("rp", hashes[k0:])
+            kv_hit, host_resume, from_store = kv_dev, dev, False
             for i, h in enumerate(hashes):
                 pos = (i + 1) * self.page_size
-                if pos > kv_dev and not self.host.has_page(h):
+                if pos > kv_dev and not self.host.has_page(h) and not store_kv[i]:
                     break
                 kv_hit = max(kv_hit, pos)
                 if pos > dev and self.host.has_checkpoint(h):
-                    host_resume = pos
+                    host_resume, from_store = pos, False
+                elif pos > dev and store_rp[i]:
+                    host_resume, from_store = pos, True
+            if from_store and load and not self._fetch_from_store(hashes, host_resume):
+                # a part could not be read (counted by the tier): the device / host match alone
+                kv_hit, host_resume = kv_dev, dev
+                for i, h in enumerate(hashes):
+                    pos = (i + 1) * self.page_size
+                    if pos > kv_dev and not self.host.has_page(h):
+                        break
+                    kv_hit = max(kv_hit, pos)
+                    if pos > dev and self.host.has_checkpoint(h):
+                        host_resume = pos
+                from_store = False
+            store_len = host_resume - dev if from_store else 0
             if host_resume <= dev:
                 return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
             if not load:
-                return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m.last_device_node, 0)
+                return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m.last_device_node, 0, store_len)
             new_kv = max(0, host_resume - kv_dev)
             loaded = new_kv * self.kv_bytes_per_token + self.state_bytes
             lock = self.inc_lock_ref(m.last_device_node)
@@ -700,7 +821,7 @@ class HybridRadixCache(UnifiedRadixCache):
         if m2.device_prefix_len != host_resume:
             raise AssertionError(f"host restore landed at {m2.device_prefix_len}, expected {host_resume}")
         self.metrics.host_to_device_bytes += loaded
-        return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m2.last_device_node, loaded)
+        return HostMatch(host_resume, dev, host_resume - dev, kv_hit, m2.last_device_node, loaded, store_len)
 
     def match_prefix(self, params):
         """Upstream's match; in serving mode it first restores a deeper host
@@ -710,10 +831,11 @@ class HybridRadixCache(UnifiedRadixCache):
             return super().match_prefix(params)
         key = params.key
         toks = key.token_ids
-        host_tokens = 0
+        host_tokens = store_tokens = 0
         if self.host.enabled and len(toks) >= self.page_size:
             hm = self.match_with_host(toks)
             host_tokens = hm.host_hit_len
+            store_tokens = hm.store_hit_len
         res = super().match_prefix(params)
         resume = res.device_prefix_len
         rid = getattr(params.req, "rid", None)
@@ -721,6 +843,7 @@ class HybridRadixCache(UnifiedRadixCache):
         mt.requests += 1
         mt.input_tokens += len(toks)
         mt.host_hit_tokens += host_tokens
+        mt.store_hit_tokens += store_tokens
         mt.device_hit_tokens += resume - host_tokens
         mt.recomputed_tokens += len(toks) - resume
         if res.full_kv_hit_length > resume:
@@ -734,7 +857,8 @@ class HybridRadixCache(UnifiedRadixCache):
             # own HiCache fields; our host tier restores pages inside this match, so those fields stay 0
             # and every restored token would be reported as a device hit. serving._report_host_hits
             # moves these tokens to the host share after that split.
-            params.req._sglang_hybrid_host_hit_tokens = host_tokens
+            params.req._sglang_hybrid_host_hit_tokens = host_tokens - store_tokens
+            params.req._sglang_hybrid_store_hit_tokens = store_tokens
         if resume > 0:
             self.note_resume(res.last_device_node)
         logger.debug(
@@ -995,6 +1119,55 @@ class HostPayloadStore:
         if seg[1] <= 0:
             del self._segments[loc[0]]
 
+    def page_rows(self, h: bytes):
+        """Every layer's rows of the page ``h`` (CPU tensors, None for a layer without KV), waiting for the
+        device->host copy; None when the page is not held."""
+        loc = self._page_loc.get(h)
+        if loc is None:
+            return None
+        copy = self._segments[loc[0]][0]
+        copy.wait()
+        page = self.cache.page_size
+        return [None if t is None else t[loc[1] * page : (loc[1] + 1) * page].clone() for t in copy.tensors]
+
+    def device_rows(self, indices):
+        """Every layer's KV rows at the device slots ``indices`` (CPU tensors, copied synchronously)."""
+        if self._kv_direct:
+            copy = self.copier.save(self._kv_pool().kv_buffer, indices.view(-1), dim=0)
+            copy.wait()
+            return copy.tensors
+        import torch
+
+        per_layer = self._kv_pool().get_cpu_copy(indices)
+        return [torch.cat(c) if len(c) else None for c in per_layer]
+
+    def state_tensors(self, h: bytes):
+        """``(tensors, dim)`` of the checkpoint ``h`` for the store, or None (not held, or a state pool
+        whose host copies are not plain tensors)."""
+        state = self._states.get(h)
+        if state is None or not self._state_direct:
+            return None
+        state.wait()
+        return list(state.tensors), state.dim
+
+    def add_page(self, h: bytes, rows) -> None:
+        """Hold a page read from the store (rows as :meth:`page_rows` returns them)."""
+        from sglang_hybrid.mem_cache.host_copy import HostCopy
+
+        if h in self._page_loc:
+            return
+        sid = self._next
+        self._next += 1
+        self._segments[sid] = [HostCopy(list(rows), None, 0), 1]
+        self._page_loc[h] = (sid, 0)
+
+    def add_state(self, h: bytes, tensors, dim: int) -> None:
+        """Hold a checkpoint read from the store."""
+        from sglang_hybrid.mem_cache.host_copy import HostCopy
+
+        if h not in self._states:
+            self._states[h] = HostCopy(list(tensors), None, dim)
+
     def has(self, page_hashes: List[bytes], state_hash: bytes) -> bool:
         return state_hash in self._states and all(h in self._page_loc for h in page_hashes)
 
@@ -1081,6 +1254,10 @@ class HybridCacheMetrics:
         self.discarded = Counter("sglang:hybrid_cache_kv_match_discarded_tokens", "Prompt tokens whose KV matched "
                                  "beyond the deepest checkpoint and were recomputed (no resume point there).",
                                  labelnames=names)
+        self.store_failures = Counter("sglang:hybrid_cache_store_failures", "Store-tier operations that failed "
+                                      "(unreachable at start, lookup, write, read): those requests recomputed.",
+                                      labelnames=names)
+        self._failures_seen = 0
 
     def count_discarded(self, tokens: int) -> None:
         if tokens > 0:
@@ -1097,7 +1274,16 @@ class HybridCacheMetrics:
             ("host", "kv"): host.num_pages * host.page_bytes,
             ("host", "state"): host.num_checkpoints * host.state_bytes,
         }
+        import sys
+
+        serving = sys.modules.get("sglang_hybrid.mem_cache.serving")
+        failures = (cache.store.failures if getattr(cache, "store", None) is not None else 0) + (
+            getattr(serving, "STORE_START_FAILURES", 0) if serving is not None else 0)
+        if failures > self._failures_seen:
+            self.store_failures.labels(**self.labels).inc(failures - self._failures_seen)
+            self._failures_seen = failures
         self.checkpoints.labels(**self.labels, tier="device").set(dev_ckpts)
+
         self.checkpoints.labels(**self.labels, tier="host").set(host.num_checkpoints)
         for (tier, kind), v in values.items():
             self.bytes.labels(**self.labels, tier=tier, kind=kind).set(v)

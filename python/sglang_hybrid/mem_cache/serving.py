@@ -44,6 +44,8 @@ HOST_FLAG = "--hybrid-host-cache-gb"
 HOST_ENV = "SGLANG_HYBRID_HOST_CACHE_GB"
 DEVICE_FLAG = "--hybrid-device-cache-gb"
 DEVICE_ENV = "SGLANG_HYBRID_DEVICE_CACHE_GB"
+STORE_FLAG, STORE_ENV = "--hybrid-store", "SGLANG_HYBRID_STORE"
+STORE_CONFIG_FLAG, STORE_CONFIG_ENV = "--hybrid-store-config", "SGLANG_HYBRID_STORE_CONFIG"
 # Per-path checkpoint cap on the server (issue #3, placement: "a per-path budget caps
 # checkpoints"); upstream's --mamba-max-states-per-path, when given, takes precedence.
 MAX_CHECKPOINTS_PER_PATH = 8
@@ -156,6 +158,8 @@ def hybrid_cache_factory(ctx):
     kv_b, st_b = _pool_bytes(ctx.params)
     chunk = getattr(ctx.server_args, "chunked_prefill_size", None)
 
+    store = _open_store_tier(ctx, kv_b, st_b, host)
+
     def build(params):
         return HybridRadixCache(
             params,
@@ -167,6 +171,7 @@ def hybrid_cache_factory(ctx):
             serving=True,
             chunked_prefill_size=chunk if chunk and chunk > 0 else None,
             max_checkpoints_per_path=MAX_CHECKPOINTS_PER_PATH,
+            store=store,
         )
 
     cache = create_unified_radix_cache(ctx, cache_class=build)
@@ -178,6 +183,60 @@ def hybrid_cache_factory(ctx):
         cache._mamba_component().mamba_max_states_per_path if hasattr(cache, "_mamba_component") else -1,
     )
     return cache
+
+
+def _store_namespace(ctx, kv_b: int, st_b: int) -> str:
+    """Model and layout identity of this rank's store entries: checkpoint config, KV / state bytes,
+    page size, TP rank, KV dtype (instances agree on it exactly when their entries are interchangeable)."""
+    import hashlib
+
+    sa = ctx.server_args
+    cfg = os.path.join(getattr(sa, "model_path", "") or "", "config.json")
+    h = hashlib.sha256()
+    try:
+        with open(cfg, "rb") as f:
+            h.update(f.read())
+    except OSError:
+        h.update(str(getattr(sa, "model_path", "")).encode())
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+    except Exception:
+        rank = 0
+    page = getattr(ctx.params, "page_size", None) or getattr(sa, "page_size", 1)
+    h.update(f"{kv_b}/{st_b}/{page}/{getattr(sa, 'kv_cache_dtype', '')}/{getattr(sa, 'dtype', '')}".encode())
+    return f"sglang-hybrid/{h.hexdigest()[:24]}/tp{rank}"
+
+
+def _open_store_tier(ctx, kv_b: int, st_b: int, host_bytes: int):
+    """The store tier of ``--hybrid-store``, or None (not asked; or unreachable at start: a warning,
+    the server runs without it and ``sglang:hybrid_cache_store_failures_total`` counts it).
+
+    Raises:
+        ValueError: ``--hybrid-store`` without a host tier, or an unreadable config.
+    """
+    kind = os.environ.get(STORE_ENV)
+    if not kind:
+        return None
+    if host_bytes <= 0:
+        raise ValueError(f"{STORE_FLAG} needs the host tier: give {HOST_FLAG} > 0")
+    from sglang_hybrid.mem_cache.store import StoreError, StoreTier, open_store
+
+    ns = _store_namespace(ctx, kv_b, st_b)
+    try:
+        tier = StoreTier(open_store(kind, os.environ.get(STORE_CONFIG_ENV)), ns)
+    except StoreError as exc:
+        logger.warning("hybrid cache: %s %s unreachable at start (%s); serving without it (requests recompute)",
+                       STORE_FLAG, kind, exc)
+        global STORE_START_FAILURES
+        STORE_START_FAILURES += 1
+        return None
+    logger.info("hybrid cache: store tier %s (%s), namespace %s", kind, os.environ.get(STORE_CONFIG_ENV), ns)
+    return tier
+
+
+STORE_START_FAILURES = 0
 
 
 def _ours(ctx) -> bool:
@@ -246,6 +305,18 @@ def _add_flag(result, parser, *args, **kwargs):
             "bytes in use exceed it, instead of a fixed KV/state split (default: off, upstream's two pools; "
             f"same as {DEVICE_ENV}).",
         )
+    add_plugin_argument(
+        parser, STORE_FLAG, choices=["file", "mooncake"], default=None,
+        help="sglang-hybrid: a third tier of the hybrid radix cache in a store shared by server instances "
+        "(resume points: KV pages + recurrent checkpoint, published together; needs "
+        f"{HOST_FLAG} > 0): 'file' (a directory) or 'mooncake' (Mooncake Store). Same as {STORE_ENV}.",
+    )
+    add_plugin_argument(
+        parser, STORE_CONFIG_FLAG, default=None, metavar="FILE",
+        help=f"sglang-hybrid: JSON config of {STORE_FLAG}: file {{\"path\": DIR}}; mooncake "
+        "{\"master_server_address\": \"HOST:PORT\", ...} (docs/hybrid-cache.md). Same as "
+        f"{STORE_CONFIG_ENV}.",
+    )
     for action in parser._actions:
         if "--radix-cache-backend" in action.option_strings and BACKEND_NAME not in (action.help or ""):
             action.help = (f"{action.help} sglang-hybrid registers '{BACKEND_NAME}' (its hybrid radix cache: aligned "
@@ -271,6 +342,14 @@ def _export_flag(cls, args, *rest, **kwargs):
         if val < 0 or (positive and val == 0):
             raise ValueError(f"{flag} must be {'> 0' if positive else '>= 0'}, got {val}")
         os.environ[env] = repr(float(val))
+    store, store_config = getattr(args, "hybrid_store", None), getattr(args, "hybrid_store_config", None)
+    if store:
+        if not store_config:
+            raise ValueError(f"{STORE_FLAG} {store} needs {STORE_CONFIG_FLAG} FILE")
+        if not os.path.isfile(store_config):
+            raise ValueError(f"{STORE_CONFIG_FLAG} {store_config}: no such file")
+        os.environ[STORE_ENV] = store
+        os.environ[STORE_CONFIG_ENV] = os.path.abspath(store_config)
     backend = getattr(args, "radix_cache_backend", None)
     if backend is not None:
         from sglang.srt.mem_cache.registry import registered_radix_cache_backends
@@ -347,10 +426,15 @@ def _report_host_hits(result, batch, *args, **kwargs):
     """
     for req in getattr(batch, "reqs", ()):
         host = req.__dict__.pop("_sglang_hybrid_host_hit_tokens", 0)
+        store = req.__dict__.pop("_sglang_hybrid_store_hit_tokens", 0)
         if host > 0 and getattr(req, "_cache_breakdown_computed", False):
             moved = min(host, req.cached_tokens_device)
             req.cached_tokens_device -= moved
             req.cached_tokens_host += moved
+        if store > 0 and getattr(req, "_cache_breakdown_computed", False):
+            moved = min(store, req.cached_tokens_device)
+            req.cached_tokens_device -= moved
+            req.cached_tokens_storage += moved
     return result
 
 

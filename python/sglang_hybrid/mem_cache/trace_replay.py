@@ -84,6 +84,8 @@ class ReplayResult:
     kv_match_discarded_tokens: int = 0
     cut_back_requests: int = 0
     host_to_device_bytes: int = 0
+    store_hit_tokens: int = 0  # part of host_hit_tokens read from the shared store first
+    store_to_host_bytes: int = 0
     checkpoints_stored: int = 0
     max_checkpoints_on_device: int = 0
     mean_checkpoint_memory_share: float = 0.0
@@ -200,16 +202,18 @@ def upstream_positions(P: int, O: int, resume: int, branching: Optional[int], gr
     return out, tracked
 
 
-def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> ReplayResult:
-    """Replay ``records`` (trace dicts) through one cache; see the module docstring."""
+def _instance(cfg: ReplayConfig, total_hint: int, store=None):
+    """One cache and its pools: ``(step(record), result, finish())``; ``store``: a shared
+    :class:`~sglang_hybrid.mem_cache.store.StoreTier` (hybrid policy with a host tier only)."""
     import torch
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache, checkpoint_positions
 
-    total_hint = sum(int(r["input_length"]) + int(r["output_length"]) for r in records)
     cache, alloc, pool = _build_cache(cfg, total_hint)
+    if store is not None:
+        cache.store = store  # accounting only: the fake pools have no payload
     ma = pool.mamba_allocator
     m = cfg.model
     page = m.page_size
@@ -232,7 +236,8 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
             cache.evict(EvictParams(num_tokens=0, mamba_num=slots - ma.available_size()))
         return alloc.available_size() >= kv_tokens and ma.available_size() >= slots
 
-    for n, rec in enumerate(records):
+    def step(rec) -> None:
+        nonlocal share_acc, next_out
         P, O = int(rec["input_length"]), max(1, int(rec["output_length"]))
         toks = prompt_tokens(rec)
         out_toks = array("q", range(next_out, next_out + O))
@@ -243,6 +248,7 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
             resume, dev_resume, kv_hit, node = hm.resume_len, hm.device_resume_len, hm.kv_hit_len, hm.last_node
             res.host_hit_tokens += hm.host_hit_len
             res.host_to_device_bytes += hm.loaded_bytes
+            res.store_hit_tokens += hm.store_hit_len
             branching = None
         else:
             mr = cache.match_prefix(MatchPrefixParams(key=RadixKey(toks)))
@@ -261,7 +267,7 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
         if not make_room(need, 1):
             res.requests_not_cached += 1
             cache.dec_lock_ref(node, lock.to_dec_params())
-            continue
+            return
         req_kv = alloc.alloc(need)
         work_slot = ma.alloc(1)  # the request's own running state
         adopted = resume  # tree holds [0, adopted) of this request
@@ -314,11 +320,101 @@ def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> Re
             nck = len(cache.tree_core.lru_lists[_mamba_type()].cache)
             res.max_checkpoints_on_device = max(res.max_checkpoints_on_device, nck)
             share_acc += nck * m.state_bytes / cfg.device_budget_bytes
+    step.cache = cache
+
+    def finish() -> ReplayResult:
+        if hybrid:
+            res.store_to_host_bytes = cache.metrics.store_to_host_bytes
+        res.mean_checkpoint_memory_share = share_acc / max(1, res.requests)
+        res.seconds = time.time() - t0
+        return res
+
+    return step, res, finish
+
+
+def replay(cfg: ReplayConfig, records: List[dict], progress: bool = False) -> ReplayResult:
+    """Replay ``records`` (trace dicts) through one cache; see the module docstring."""
+    total_hint = sum(int(r["input_length"]) + int(r["output_length"]) for r in records)
+    step, res, finish = _instance(cfg, total_hint)
+    t0 = time.time()
+    for n, rec in enumerate(records):
+        step(rec)
         if progress and (n + 1) % 1000 == 0:
             print(f"  [{cfg.policy} {res.device_budget_gb} GB host {res.host_budget_gb} GB] {n+1} req, reuse {res.reuse_pct:.2f}%, {time.time()-t0:.0f}s", flush=True)
-    res.mean_checkpoint_memory_share = share_acc / max(1, res.requests)
-    res.seconds = time.time() - t0
-    return res
+    return finish()
+
+
+class MemoryStore:
+    """An in-process :class:`~sglang_hybrid.mem_cache.store.HybridStore` for the multi-instance replay
+    (keys only matter there: the fake pools carry no payload). Unbounded."""
+
+    def __init__(self):
+        self.objects: Dict[str, bytes] = {}
+
+    def exists(self, keys):
+        return [k in self.objects for k in keys]
+
+    def put(self, key, value):
+        self.objects[key] = value
+
+    def get(self, key):
+        return self.objects.get(key)
+
+    def close(self):
+        pass
+
+
+ROUTINGS = ("round-robin", "prefix")
+
+
+def replay_instances(cfg: ReplayConfig, records: List[dict], instances: int, routing: str,
+                     shared_store: bool) -> Dict:
+    """Replay ``records`` over ``instances`` caches, each with ``cfg`` (its own device and host tiers);
+    with ``shared_store`` all write to and read from one store tier (issue 45).
+
+    Routing: ``round-robin``; or ``prefix``, a cache-aware router: the instance whose device + host
+    tiers hold the longest resume point for the prompt, the least loaded one (fewest requests so far)
+    when none holds any or when the best one already has 1.5x its fair share.
+
+    Returns the summed :class:`ReplayResult` token and byte fields, reuse, store bytes per reused token,
+    and per instance the reuse and the request count.
+
+    Raises:
+        ValueError: unknown ``routing``, ``instances`` below 1, or a shared store without a host tier.
+    """
+    from sglang_hybrid.mem_cache.store import StoreTier
+
+    if instances < 1 or routing not in ROUTINGS:
+        raise ValueError(f"instances must be >= 1 and routing one of {ROUTINGS}, got {instances}, {routing!r}")
+    if shared_store and (cfg.policy != "hybrid" or cfg.host_budget_bytes <= 0):
+        raise ValueError("a shared store needs the hybrid policy with a host tier (host_budget_bytes > 0)")
+    tier = StoreTier(MemoryStore(), "replay") if shared_store else None
+    total_hint = sum(int(r["input_length"]) + int(r["output_length"]) for r in records)
+    insts = [_instance(cfg, total_hint, tier) for _ in range(instances)]
+    load = [0] * instances
+    for i, rec in enumerate(records):
+        if routing == "round-robin":
+            k = i % instances
+        else:
+            toks = prompt_tokens(rec)
+            fair = 1.5 * (i + 1) / instances
+            hits = [s.cache.match_with_host(toks, load=False).resume_len if load[j] < fair else -1
+                    for j, (s, _, _) in enumerate(insts)]
+            best = max(hits)
+            k = hits.index(best) if best > 0 else min(range(instances), key=lambda j: load[j])
+        load[k] += 1
+        insts[k][0](rec)
+    results = [finish() for _, _, finish in insts]
+    total = {k: sum(getattr(r, k) for r in results) for k in (
+        "requests", "input_tokens", "reused_tokens", "device_hit_tokens", "host_hit_tokens", "store_hit_tokens",
+        "recomputed_tokens", "host_to_device_bytes", "store_to_host_bytes")}
+    total["reuse_pct"] = round(100.0 * total["reused_tokens"] / max(1, total["input_tokens"]), 3)
+    total["store_bytes_per_reused_token"] = round(total["store_to_host_bytes"] / max(1, total["reused_tokens"]), 1)
+    total["per_instance_reuse_pct"] = [round(r.reuse_pct, 3) for r in results]
+    total["per_instance_requests"] = load
+    total.update(instances=instances, routing=routing, shared_store=shared_store,
+                 store_published=tier.published if tier else 0)
+    return total
 
 
 def _mamba_type():

@@ -76,5 +76,31 @@ class TestTraceReplay(unittest.TestCase):
             ModelBytes().dcp(0)
 
 
+class TestReplayOverInstances(unittest.TestCase):
+    """Issue 45's benchmark harness on a slice: four instances with small tiers; a shared store only
+    adds resume points (the instances' own tiers are unchanged), so reuse with it is at least reuse
+    without, for both routings, and the store's hits are counted in tokens and bytes."""
+
+    def test_shared_store_adds_reuse_under_both_routings(self):
+        from sglang_hybrid.mem_cache.trace_replay import ROUTINGS, ReplayConfig, replay_instances
+
+        recs = load_trace(DEFAULT_TRACE_PATH, 300)
+        cfg = ReplayConfig("hybrid", 20 * 10**9, host_budget_bytes=40 * 10**9)
+        for routing in ROUTINGS:
+            off = replay_instances(cfg, recs, 4, routing, False)
+            on = replay_instances(cfg, recs, 4, routing, True)
+            self.assertEqual(sum(on["per_instance_requests"]), 300)
+            if routing == "round-robin":
+                self.assertEqual(on["per_instance_requests"], [75] * 4)
+            self.assertEqual(off["store_hit_tokens"], 0)
+            self.assertGreater(on["store_hit_tokens"], 0)
+            self.assertGreater(on["store_published"], 0)
+            self.assertGreater(on["reuse_pct"], off["reuse_pct"])
+            # every store hit moved at least one checkpoint: bytes per reused token are positive
+            self.assertGreater(on["store_bytes_per_reused_token"], 0)
+        with self.assertRaises(ValueError):
+            replay_instances(ReplayConfig("hybrid", 20 * 10**9), recs, 2, "round-robin", True)  # no host tier
+
+
 if __name__ == "__main__":
     unittest.main()
