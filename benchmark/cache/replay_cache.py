@@ -213,8 +213,12 @@ def run_matrix(args, argv) -> int:
     for batch, workers in ((small, max(1, args.jobs)), (big, 1)):
         if not batch:
             continue
-        with ProcessPoolExecutor(max_workers=workers) as ex:
-            for row in ex.map(_matrix_cell, batch):
+        # one worker: in this process (a fork of a process that already runs threads, e.g. a test
+        # worker after server tests, can deadlock in the child)
+        ex = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+        try:
+            rows = ex.map(_matrix_cell, batch) if ex is not None else map(_matrix_cell, batch)
+            for row in rows:
                 result["cells"].append(row)
                 gb = "inf" if row["device_budget_gb"] is None else f"{row['device_budget_gb']:.0f}"
                 print(f"{row['shape']:22s} {row['layout']:5s} {gb:>4s} {row['perfect_reuse_pct']:7.2f} "
@@ -222,6 +226,9 @@ def run_matrix(args, argv) -> int:
                 result["summary"] = summarize_matrix(result["cells"])
                 with open(out, "w") as f:
                     json.dump(result, f, indent=1)
+        finally:
+            if ex is not None:
+                ex.shutdown()
     summary = result["summary"]
     w = summary["worst_cell"]
     print(f"\nworst cell: {w['shape']} {w['layout']} {w['device_budget_gb']} GB: ours / upstream = {w['ratio']:.3f}")

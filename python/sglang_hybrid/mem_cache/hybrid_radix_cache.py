@@ -223,6 +223,10 @@ def _page_hash(prev: bytes, tokens) -> bytes:
 ROOT_HASH = b"\0" * 16
 
 
+class UnsupportedHostCopy(RuntimeError):
+    """The KV pool's host copy has a layout the host tier cannot page."""
+
+
 class HostTier:
     """Host-memory (CPU DRAM) tier of KV pages and checkpoints, LRU, byte-budgeted.
 
@@ -613,9 +617,20 @@ class HybridRadixCache(UnifiedRadixCache):
 
     # ------------------------------------------------------ eviction hooks
     def _on_device_evict(self, node, component) -> None:
-        """Called by our components just before ``node`` loses its device KV or checkpoint."""
+        """Called by our components just before ``node`` loses its device KV or checkpoint. A KV pool
+        whose host copies the tier cannot page (:class:`UnsupportedHostCopy`) turns the host tier (and
+        the store tier) off for this server with one warning; the eviction itself goes on."""
         if not self.host.enabled or node is self.tree_core.root_node:
             return
+        try:
+            self._save_evicted(node, component)
+        except UnsupportedHostCopy as exc:
+            logger.warning("hybrid cache: host tier turned off: %s", exc)
+            self.host.clear()
+            self.host.budget_bytes = 0
+            self.store = None
+
+    def _save_evicted(self, node, component) -> None:
         if component == _FULL:
             hashes = self._node_page_hashes(node)
             if self.host_payload is not None:
@@ -1090,6 +1105,10 @@ class HostPayloadStore:
             import torch
 
             per_layer = self._kv_pool().get_cpu_copy(indices)
+            if not all(isinstance(x, torch.Tensor) for c in per_layer for x in c):
+                raise UnsupportedHostCopy(
+                    f"{type(self._kv_pool()).__name__}.get_cpu_copy returns per-layer parts that are not row "
+                    "tensors, which the host tier cannot split into pages (not supported for this model's KV pool)")
             copy = HostCopy([torch.cat(c) if len(c) else None for c in per_layer], None, 0)
         sid = self._next
         self._next += 1
@@ -1139,14 +1158,19 @@ class HostPayloadStore:
         import torch
 
         per_layer = self._kv_pool().get_cpu_copy(indices)
+        if not all(isinstance(x, torch.Tensor) for c in per_layer for x in c):
+            raise UnsupportedHostCopy(f"{type(self._kv_pool()).__name__}.get_cpu_copy parts are not row tensors")
         return [torch.cat(c) if len(c) else None for c in per_layer]
 
     def state_tensors(self, h: bytes):
-        """``(tensors, dim)`` of the checkpoint ``h`` for the store, or None (not held, or a state pool
-        whose host copies are not plain tensors)."""
+        """``(tensors, dim)`` of the checkpoint ``h`` for the store, or None when not held. A state pool
+        with side slots (upstream's ``get_cpu_copy`` tuple: conv, temporal, siblings) is stored as that
+        tuple with ``dim = -1``."""
         state = self._states.get(h)
-        if state is None or not self._state_direct:
+        if state is None:
             return None
+        if not self._state_direct:
+            return state, -1
         state.wait()
         return list(state.tensors), state.dim
 
@@ -1162,11 +1186,11 @@ class HostPayloadStore:
         self._page_loc[h] = (sid, 0)
 
     def add_state(self, h: bytes, tensors, dim: int) -> None:
-        """Hold a checkpoint read from the store."""
+        """Hold a checkpoint read from the store (``dim = -1``: the pool's own host-copy object)."""
         from sglang_hybrid.mem_cache.host_copy import HostCopy
 
         if h not in self._states:
-            self._states[h] = HostCopy(list(tensors), None, dim)
+            self._states[h] = tensors if dim < 0 else HostCopy(list(tensors), None, dim)
 
     def has(self, page_hashes: List[bytes], state_hash: bytes) -> bool:
         return state_hash in self._states and all(h in self._page_loc for h in page_hashes)
