@@ -40,10 +40,13 @@ def _add_skip_flag(result, parser, *args, **kwargs):
 
 
 def _export_skip_flag(cls, args, *rest, **kwargs):
-    """BEFORE ``ServerArgs.from_cli_args``: ``--skip-boot-gates`` -> the environment the scheduler inherits;
-    and :func:`conv_state_follows_fp32`."""
+    """BEFORE ``ServerArgs.from_cli_args``: ``--skip-boot-gates`` -> the environment the scheduler inherits."""
     if getattr(args, "skip_boot_gates", False):
         os.environ[SKIP_ENV] = "1"
+
+
+def _export_conv_dtype(cls, args, *rest, **kwargs):
+    """BEFORE ``ServerArgs.from_cli_args``: :func:`conv_state_follows_fp32`."""
     conv_state_follows_fp32(args)
 
 
@@ -87,9 +90,10 @@ def _before_load_model(*args, **kwargs):
 
 
 def install() -> None:
-    """Register the three hooks (called by ``plugin.register``)."""
+    """Register the hooks (called by ``plugin.register``)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(ADD_CLI_ARGS, _add_skip_flag, HookType.AFTER)
     HookRegistry.register(FROM_CLI_ARGS, _export_skip_flag, HookType.BEFORE)
+    HookRegistry.register(FROM_CLI_ARGS, _export_conv_dtype, HookType.BEFORE)
     HookRegistry.register(LOAD_MODEL, _before_load_model, HookType.BEFORE)
