@@ -14,6 +14,14 @@ H200). This warm-up, registered in upstream's custom warm-up registry
 
 then flushes the cache, so no warm-up token is ever reported as a prefix hit.
 
+Prompt lengths stay within half of the server's admissible prompt length (``max_req_input_len``,
+the smaller of the context length and the KV pool): upstream 0.5.23 accepts any prompt up to
+the pool size minus 6 tokens, but admits a prefill only when prompt + new tokens + one page of
+rounding + the state slots' reserve fit, so a prompt near the limit waits in the queue forever
+(seen with a 1,600-token pool at page 64: a 1,549-token prompt never ran). Each warm-up request
+is also bounded in time (``SGLANG_HYBRID_WARMUP_TIMEOUT_S``, default 600 s): one that does not
+finish is aborted with a warning and the server starts anyway.
+
 It is added to ``--warmups`` automatically when one of our GPU kernel backends is selected
 (``--linear-attn-backend`` / ``--linear-attn-decode-backend`` / ``--linear-attn-prefill-backend``
 ``sgl_hybrid``, ``--attention-backend sgl_hybrid_mla`` / ``sgl_hybrid_qsa``), unless
@@ -41,6 +49,8 @@ OUR_BACKENDS = {
 }
 DEFAULT_CHUNK = 2048
 BATCH = 4
+TIMEOUT_ENV = "SGLANG_HYBRID_WARMUP_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def wants_warmup(args) -> bool:
@@ -61,26 +71,65 @@ def add_to_args(args) -> bool:
 
 
 def warmup_lengths(chunk: int, max_input_len: int) -> List[int]:
-    """Prompt lengths of steps 1 and 2 (tokens): two chunks plus a tail, then 29 more, both kept
-    at least 16 tokens below ``max_input_len`` (the smaller of the context length and the
-    server's largest admissible prompt).
+    """Prompt lengths of steps 1 and 2 (tokens): two chunks plus a tail, then 29 more, the longer
+    one at most half of ``max_input_len`` (the server's largest admissible prompt: the smaller of
+    the context length and the KV pool, minus upstream's margin). Half, because admission also
+    needs the new tokens, a page of rounding and the state slots' reserve (module docstring).
 
     Raises:
         ValueError: ``chunk`` or ``max_input_len`` below 1.
     """
     if chunk < 1 or max_input_len < 1:
         raise ValueError(f"chunk and max_input_len must be >= 1, got {chunk}, {max_input_len}")
-    first = max(1, min(2 * chunk + 37, max_input_len - 16 - 29))
+    first = max(1, min(2 * chunk + 37, max_input_len // 2 - 29))
     return [first, first + 29]
 
 
-async def _generate(tokenizer_manager, input_ids, max_new_tokens: int) -> None:
+def warmup_timeout_s() -> float:
+    """Seconds one warm-up request may take (``SGLANG_HYBRID_WARMUP_TIMEOUT_S``, default 600).
+
+    Raises:
+        ValueError: the variable is set to something other than a positive number.
+    """
+    import os
+
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+async def _generate(tokenizer_manager, input_ids, max_new_tokens: int, timeout_s: float) -> bool:
+    """One greedy request through the tokenizer manager; False (request aborted, warning logged)
+    when it has not finished within ``timeout_s`` seconds."""
+    import asyncio
+    import uuid
+
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    req = GenerateReqInput(input_ids=input_ids,
+    rid = f"sglang-hybrid-warmup-{uuid.uuid4().hex}"
+    req = GenerateReqInput(rid=rid, input_ids=input_ids,
                            sampling_params={"max_new_tokens": max_new_tokens, "temperature": 0.0})
-    async for _ in tokenizer_manager.generate_request(req, None):
-        pass
+
+    async def drain():
+        async for _ in tokenizer_manager.generate_request(req, None):
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), timeout_s)
+        return True
+    except asyncio.TimeoutError:
+        tokenizer_manager.abort_request(rid)
+        logger.warning("sglang-hybrid warm-up: a %d-token request did not finish in %.0f s; aborted, the server "
+                       "starts anyway (its kernels compile on the first request like it). %s sets the limit.",
+                       len(input_ids), timeout_s, TIMEOUT_ENV)
+        return False
 
 
 def warmup_prompts(chunk: int, max_input_len: int, vocab_size: int) -> List[List[int]]:
@@ -111,13 +160,16 @@ async def hybrid_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
     if getattr(tokenizer_manager, "max_req_input_len", None):
         limit = min(limit, int(tokenizer_manager.max_req_input_len))
     prompts = warmup_prompts(int(chunk), limit, vocab)
-    await _generate(tokenizer_manager, prompts[0], 4)
-    await _generate(tokenizer_manager, prompts[1], 4)
-    await asyncio.gather(*(_generate(tokenizer_manager, p, 8) for p in prompts[2:]))
+    timeout_s = warmup_timeout_s()
+    done = await _generate(tokenizer_manager, prompts[0], 4, timeout_s)
+    done = done and await _generate(tokenizer_manager, prompts[1], 4, timeout_s)
+    if done:
+        done = all(await asyncio.gather(*(_generate(tokenizer_manager, p, 8, timeout_s) for p in prompts[2:])))
     flushed = await tokenizer_manager.flush_cache()
     logger.info(
-        "sglang-hybrid warm-up: prompts of %d (chunk %d) and %d tokens, a batch of %d, in %.2f s; cache flushed: %s",
+        "sglang-hybrid warm-up: prompts of %d (chunk %d) and %d tokens, a batch of %d, in %.2f s; cache flushed: %s%s",
         len(prompts[0]), chunk, len(prompts[1]), BATCH, time.perf_counter() - t0, getattr(flushed, "success", flushed),
+        "" if done else " (incomplete: a request timed out)",
     )
 
 

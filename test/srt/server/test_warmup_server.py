@@ -13,7 +13,7 @@ import requests
 from sglang.test.test_utils import CustomTestCase
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from sglang_hybrid.entrypoints.warmup import warmup_lengths, warmup_prompts
-from tiny_model import tiny_kimi_k3
+from tiny_model import tiny_kimi_k3, tiny_qwen38_agreeing_mtp
 
 CHUNK = 128
 CONTEXT = 4096
@@ -51,6 +51,29 @@ class TestHybridWarmupServer(CustomTestCase):
     def test_warmup_prompts_start_cold_then_hit(self):
         self.assertEqual(self.first, 0)  # the warm-up's own prompt: flushed, nothing cached
         self.assertGreater(self.again, 0)  # the cache works after the flush
+
+
+class TestHybridWarmupSmallPool(CustomTestCase):
+    """The GPU suite's pool on Qwen3.8 (1,600 KV tokens, page 64 from compressed QSA): the warm-up
+    once sized its prompt by the admissible prompt length alone (1,549 tokens), which upstream's
+    admission never schedules, and the server never became healthy."""
+
+    @classmethod
+    def setUpClass(cls):
+        args = cpu_server_args(max_total_tokens=1600, max_mamba_cache_size=16) + [
+            "--context-length", str(CONTEXT), "--max-running-requests", "8", "--warmups", "sglang_hybrid"]
+        with LaunchedServer(tiny_qwen38_agreeing_mtp(), args, timeout=300) as s:
+            with open(s.log_path, errors="replace") as f:
+                cls.start_log = f.read()
+            cls.short = _cached(s.base_url, list(range(10, 40)))
+
+    def test_warmup_completed_within_the_pool(self):
+        m = re.search(r"sglang-hybrid warm-up: prompts of (\d+) \(chunk \d+\) and (\d+) tokens, a batch of 4, "
+                      r"in [0-9.]+ s; cache flushed: True$", self.start_log, re.M)
+        self.assertIsNotNone(m, self.start_log[-3000:])
+        # at most half the largest admissible prompt (1600 - 6 tokens)
+        self.assertLessEqual(int(m.group(2)), (1600 - 6) // 2)
+        self.assertEqual(self.short, 0)
 
 
 if __name__ == "__main__":
