@@ -300,6 +300,12 @@ ANCHORS: List[Anchor] = [
         "BEFORE hook: op table + boot gates, before the weights load",
         snippet="def load_model(self",
     ),
+    Anchor(
+        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph",
+        "AROUND hook (layer taps only): a pass the taps record runs eagerly, since module hooks do not run "
+        "inside a replayed CUDA graph",
+        snippet="def can_run_graph(self, forward_batch",
+    ),
     # Hybrid radix cache (sglang_hybrid.mem_cache, issue 3)
     Anchor(
         "sglang.srt.mem_cache.registry.default_radix_cache_factory",

@@ -43,8 +43,12 @@ GPU_COMMON = [
 # two, so that checkpoint is served in FP32 here).
 TOLERANCES = {
     "bfloat16": {"tap": 0.2, "lp": 0.6, "near_tie": 1.0},
-    "float32": {"tap": 0.02, "lp": 0.05, "near_tie": 0.1},
+    "float32": {"tap": 0.02, "lp": 0.1, "near_tie": 0.1},
 }
+# FP32 on the GPU is not FP32 everywhere: upstream's Triton kernels (fused MoE, the fla-derived KDA
+# chunk kernels) run fp32 ``tl.dot`` as TF32 on sm_80+, whatever --enable-tf32-matmul says (it governs
+# torch matmuls). Tiny Kimi K3, H100 run of 2026-12-07: taps within 1 % of the FP32 reference, every
+# greedy token equal, one log-prob 0.075 nats off after a 700-token prompt.
 
 
 def log_dir() -> str:
@@ -96,15 +100,47 @@ class GpuServingChecks:
 
     @classmethod
     def _run_requests(cls, url: str) -> None:
+        """Send every request, phase by phase. A phase that fails (e.g. the server dies in a host-tier
+        restore) is recorded in ``phase_errors`` and fails only the tests that need it."""
         one = lambda name: generate(url, PROMPTS[name], **LOGPROBS)[0]  # noqa: E731
-        cls.single = {name: one(name) for name in ("tap", "short", "medium", "long")}
-        cls.batched = dict(zip(gpu_cases.BATCH, generate(url, [PROMPTS[n] for n in gpu_cases.BATCH], **LOGPROBS)))
-        cls.cache_runs: List[Tuple[str, dict]] = [(n, one(n)) for n in ("base", "base+40", "base")]
-        cls.host_runs: List[Tuple[str, dict]] = [("sentinel", one("sentinel"))]
-        for p in FLOODS:
-            generate(url, p, n=2)
-        cls.host_runs.append(("sentinel", one("sentinel")))
-        cls.state = plugin_state(url)
+        cls.phase_errors: Dict[str, str] = {}
+
+        def single():
+            cls.single = {name: one(name) for name in ("tap", "short", "medium", "long")}
+
+        def batched():
+            cls.batched = dict(zip(gpu_cases.BATCH, generate(url, [PROMPTS[n] for n in gpu_cases.BATCH], **LOGPROBS)))
+
+        def cache():
+            cls.cache_runs = [(n, one(n)) for n in ("base", "base+40", "base")]
+
+        def host():
+            cls.host_runs = [("sentinel", one("sentinel"))]
+            for p in FLOODS:
+                generate(url, p, n=2)
+            cls.host_runs.append(("sentinel", one("sentinel")))
+
+        def state():
+            cls.state = plugin_state(url)
+
+        for name, phase in (("single", single), ("batched", batched), ("cache", cache), ("host", host),
+                            ("state", state)):
+            cls._run_phase(name, phase)
+
+    @classmethod
+    def _run_phase(cls, name: str, fn) -> None:
+        import traceback
+
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - recorded, reported by the tests that need the phase
+            cls.phase_errors[name] = traceback.format_exc(limit=4)
+
+    def need(self, *phases: str) -> None:
+        """Fail this test with the recorded error of the first of ``phases`` that failed."""
+        for p in phases:
+            if p in self.phase_errors:
+                self.fail(f"request phase {p!r} failed (server log: {self.server.log_path}):\n{self.phase_errors[p]}")
 
     @classmethod
     def tearDownClass(cls):
@@ -124,15 +160,18 @@ class GpuServingChecks:
 
     # ------------------------------------------------------------------ tests
     def test_greedy_tokens_equal_cpu_reference(self):
+        self.need("single")
         for name, out in self.single.items():
             self.assert_reference_tokens(name, out, "single request")
 
     def test_batched_equals_single(self):
+        self.need("single", "batched")
         for name, out in self.batched.items():
             self.assert_same_as(out, self.single[name], f"batched vs single, prompt {name!r}")
             self.assert_reference_tokens(name, out, "batched request")
 
     def test_prefix_cache_hit_equals_cold(self):
+        self.need("cache")
         hits = [out["meta_info"]["cached_tokens"] for _, out in self.cache_runs]
         self.assertEqual(hits[0], 0, "the first 'base' request found a cached prefix")
         self.assertGreater(hits[1], 0, "base+40 after base: no prefix-cache hit")
@@ -142,6 +181,7 @@ class GpuServingChecks:
         self.assert_same_as(self.cache_runs[2][1], self.cache_runs[0][1], "'base' after a cache hit vs cold")
 
     def test_host_tier_restore_equals_cold(self):
+        self.need("host")
         (_, cold), (_, warm) = self.host_runs
         details = warm["meta_info"].get("cached_tokens_details") or {}
         self.assertGreater(int(details.get("host", 0)), 0,
@@ -153,13 +193,14 @@ class GpuServingChecks:
     def test_layer_parity_with_cpu_reference(self):
         if not self.check_taps:
             self.skipTest("taps off for this server")
+        self.need("single")
         ref = load_taps(self.fixture)
         got = layer_taps.find_pass(layer_taps.load_passes(self.taps_dir), PROMPTS[gpu_cases.TAP_PROMPT])
         self.assertIsNotNone(got, "the tap prompt's prefill was not recorded")
         rows = layer_taps.compare_passes(ref, got)
         self.assertGreater(len(rows), 4, f"too few comparable taps: {[r.key for r in rows]}")
         print(f"{type(self).__name__} layer parity against the FP32 CPU reference:\n{layer_taps.format_table(rows)}")
-        bad = [r for r in rows if not r.rel <= self.tol["tap"]]
+        bad = [r for r in rows if not tap_ok(r, self.tol["tap"])]
         self.assertFalse(bad, f"taps off the FP32 reference by more than {self.tol['tap']:.0%} (first: {bad[:1]}):\n"
                               + layer_taps.format_table(rows))
 
@@ -177,9 +218,25 @@ class GpuServingChecks:
                               r"in [0-9.]+ s; cache flushed: True")
 
     def test_our_kernels_served(self):
+        self.need("state")
         ran: Dict[str, int] = self.state.get("kernel_calls", {})
         for prefix in self.our_calls:
             self.assertTrue(calls(self.state, prefix), f"{prefix}: not among the kernel calls {ran}")
+
+
+def tap_ok(row, tol: float) -> bool:
+    """A tap agrees when its error is within ``tol`` of the tap's largest reference value. A block's MLP
+    output (``.mlp:out``) may also agree with a few tokens off, up to ``3 * tol``, on at most a tenth of
+    the tokens: a routed MoE's output jumps when a token's k-th and (k+1)-th expert scores are a near
+    tie that BF16 rounding reorders (tiny Qwen3.8, H100 run of 2026-12-07: layer 5's MoE input within
+    1 % everywhere, its output 27 % off on the three tokens whose 4th/5th router logits differ by
+    < 0.007, 1 % on the other 45). A fault that reaches the next layer still fails there: every
+    other tap, and the logits, keep the plain rule."""
+    if row.rel <= tol:
+        return True
+    if not row.key.endswith(".mlp:out") or not row.token_rel:
+        return False
+    return row.tokens_over(tol) <= len(row.token_rel) // 10 and row.tokens_over(3 * tol) == 0
 
 
 def load_taps(name: str) -> dict:

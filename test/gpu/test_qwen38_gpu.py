@@ -34,10 +34,14 @@ class TestQwen38MTPGPU(GpuServingChecks, CustomTestCase):
     @classmethod
     def _run_requests(cls, url):
         super()._run_requests(url)
-        # a longer continuation, so that drafts are accepted and rejected many times
-        cls.long_run = generate(url, PROMPTS["medium"], n=48)[0]
+
+        def long_run():  # a longer continuation, so that drafts are accepted and rejected many times
+            cls.long_run = generate(url, PROMPTS["medium"], n=48)[0]
+
+        cls._run_phase("long", long_run)
 
     def test_speculation_accepted_drafts(self):
+        self.need("long")
         acc = self.long_run["meta_info"].get("spec_verify_ct"), self.long_run["meta_info"].get("completion_tokens")
         self.assertIsNotNone(acc[0], f"no speculative verify count in meta_info: {self.long_run['meta_info']}")
         self.assertLess(acc[0], acc[1], f"verify steps {acc[0]} for {acc[1]} tokens: no draft was ever accepted")

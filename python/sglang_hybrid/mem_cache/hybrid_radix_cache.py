@@ -701,7 +701,7 @@ class HybridRadixCache(UnifiedRadixCache):
                 if rows is None and value is not None and len(value) >= (i + 1) * page:
                     if dev_rows is None:
                         dev_rows = self.host_payload.device_rows(value)
-                    rows = [None if t is None else t[i * page : (i + 1) * page].clone() for t in dev_rows]
+                    rows = self.host_payload.slice_page(dev_rows, i)
                 if rows is not None and self.store.put_page(hashes[i], rows):
                     self.metrics.store_pages_written += 1
 
@@ -824,9 +824,12 @@ class HybridRadixCache(UnifiedRadixCache):
             self.host_payload.load(page_hashes, kv, state_hash, slot)
         import torch
 
-        value = torch.full((host_resume,), -1, dtype=torch.int64)
+        # the tree's KV ids live where upstream's do (the pool's device): a CPU tensor here reached the
+        # request's prefix ids and upstream's KV-location kernels read host memory (illegal address, H100)
+        device = kv.device if new_kv else getattr(self.token_to_kv_pool_allocator, "device", "cpu")
+        value = torch.full((host_resume,), -1, dtype=torch.int64, device=device)
         if new_kv:
-            value[kv_dev:] = kv
+            value[kv_dev:] = kv.to(torch.int64)
         res = self.insert(
             InsertParams(key=RadixKey(token_ids[:host_resume]), value=value, mamba_value=slot, prev_prefix_len=kv_dev)
         )
@@ -1061,29 +1064,66 @@ class HostPayloadStore:
     asynchronous write-back on a GPU (side stream, pinned memory, the compute
     stream waits on the device before reusing the freed slots) with an explicit
     synchronisation before a restored entry is used; synchronous on a CPU.
-    Pools this does not know (DCP-interleaved KV, state pools with side slots)
-    use upstream's synchronous ``get_cpu_copy`` / ``load_cpu_copy``.
+
+    KV pools copied directly are upstream's plain ones, by exact type (:data:`ROW_POOLS`): MLA
+    (``kv_buffer``, one row per token slot), MHA (``k_buffer`` + ``v_buffer``), the hybrid
+    linear-attention wrapper around either, and Qwen3.8's QSA pool, whose compressed indexer keys
+    (``qsa_compressed_k_buffer_pool``) mirror the token slots 1:``ratio``: a page of ``P`` token
+    rows owns compressed rows ``[slot0 / ratio, slot0 / ratio + P / ratio)`` (``P`` a multiple of
+    ``ratio``, pages page-aligned), copied with it. QSA's per-request pending ring is not copied:
+    resume points are page ends, where no group is pending. Other pools (DCP-interleaved KV,
+    quantized variants) use upstream's synchronous ``get_cpu_copy`` / ``load_cpu_copy`` when it
+    returns row tensors, else the host tier is turned off (:class:`UnsupportedHostCopy`). State
+    pools with side slots likewise use upstream's copies.
+
+    A page's rows, as :meth:`page_rows` returns them and the store tier keeps them, are a flat
+    list: every buffer of group 0, then of group 1, ... (``P / divisor`` rows each).
     """
+
+    ROW_POOLS = ("MLATokenToKVPool", "MHATokenToKVPool", "HybridLinearKVPool", "QSATokenToKVPool")
 
     def __init__(self, cache: "HybridRadixCache"):
         from sglang_hybrid.mem_cache.host_copy import HostCopier
 
         self.cache = cache
-        self._segments: Dict[int, list] = {}  # seg id -> [HostCopy | per-layer rows, live pages]
+        # seg id -> [[HostCopy per group], live pages]
+        self._segments: Dict[int, list] = {}
         self._page_loc: Dict[bytes, Tuple[int, int]] = {}
         self._states: Dict[bytes, object] = {}
         self._next = 0
-        kv = self._kv_pool()
-        bufs = getattr(kv, "kv_buffer", None)
-        self._kv_direct = bool(bufs) and getattr(kv, "_write_loc_dcp_span", 1) in (None, 1)
+        self._groups = self._row_groups()
+        self._kv_direct = self._groups is not None
         mp, _ = self._mamba_pool()
         self._state_direct = not getattr(mp, "_slot_siblings", None)
-        dev = bufs[0].device if bufs else torch_device_cpu()
+        dev = self._groups[0][0][0].device if self._groups else torch_device_cpu()
         self.copier = HostCopier(dev)
 
     def _kv_pool(self):
         kv = self.cache.token_to_kv_pool_allocator.get_kvcache()
         return getattr(kv, "full_kv_pool", kv)
+
+    def _row_groups(self):
+        """``[(buffers, divisor)]`` of the pool's per-slot row buffers (class docstring), or None when the
+        pool is not one this class copies directly."""
+        outer = self.cache.token_to_kv_pool_allocator.get_kvcache()
+        kv = getattr(outer, "full_kv_pool", outer)
+        if type(outer).__name__ not in self.ROW_POOLS or type(kv).__name__ not in self.ROW_POOLS:
+            return None
+        if getattr(kv, "_write_loc_dcp_span", 1) not in (None, 1) or getattr(kv, "use_hnd", False):
+            return None
+        if getattr(kv, "kv_buffer", None):
+            groups = [(list(kv.kv_buffer), 1)]
+        elif getattr(kv, "k_buffer", None) and getattr(kv, "v_buffer", None):
+            groups = [(list(kv.k_buffer) + list(kv.v_buffer), 1)]
+        else:
+            return None
+        compressed = getattr(outer, "qsa_compressed_k_buffer_pool", None)
+        if compressed:
+            ratio = int(outer.qsa_compress_ratio)
+            if ratio < 1 or self.cache.page_size % ratio:
+                return None
+            groups.append((list(compressed), ratio))
+        return groups
 
     def _mamba_pool(self):
         pool = self.cache.req_to_token_pool
@@ -1093,26 +1133,38 @@ class HostPayloadStore:
         mc = self._mamba_pool()[0].mamba_cache
         return list(mc.conv) + [mc.temporal]
 
+    @staticmethod
+    def _group_indices(indices, divisor: int):
+        flat = indices.view(-1)
+        return flat if divisor == 1 else flat[::divisor] // divisor
+
+    def _save_rows(self, indices) -> list:
+        """One HostCopy per group of the rows at token slots ``indices`` (asynchronous on a GPU)."""
+        return [self.copier.save(bufs, self._group_indices(indices, d), dim=0) for bufs, d in self._groups]
+
+    def _upstream_rows(self, indices) -> list:
+        import torch
+
+        per_layer = self._kv_pool().get_cpu_copy(indices)
+        if not all(isinstance(x, torch.Tensor) for c in per_layer for x in c):
+            raise UnsupportedHostCopy(
+                f"{type(self._kv_pool()).__name__}.get_cpu_copy returns per-layer parts that are not row "
+                "tensors, which the host tier cannot split into pages (not supported for this model's KV pool)")
+        return [torch.cat(c) if len(c) else None for c in per_layer]
+
+    def _divisors(self, copies) -> List[int]:
+        return [d for _, d in self._groups] if self._kv_direct else [1] * len(copies)
+
     def save_kv(self, page_hashes: List[bytes], indices) -> None:
         from sglang_hybrid.mem_cache.host_copy import HostCopy
 
         todo = [i for i, h in enumerate(page_hashes) if h not in self._page_loc]
         if not todo:
             return
-        if self._kv_direct:
-            copy = self.copier.save(self._kv_pool().kv_buffer, indices.view(-1), dim=0)
-        else:
-            import torch
-
-            per_layer = self._kv_pool().get_cpu_copy(indices)
-            if not all(isinstance(x, torch.Tensor) for c in per_layer for x in c):
-                raise UnsupportedHostCopy(
-                    f"{type(self._kv_pool()).__name__}.get_cpu_copy returns per-layer parts that are not row "
-                    "tensors, which the host tier cannot split into pages (not supported for this model's KV pool)")
-            copy = HostCopy([torch.cat(c) if len(c) else None for c in per_layer], None, 0)
+        copies = self._save_rows(indices) if self._kv_direct else [HostCopy(self._upstream_rows(indices), None, 0)]
         sid = self._next
         self._next += 1
-        self._segments[sid] = [copy, len(todo)]
+        self._segments[sid] = [copies, len(todo)]
         for i in todo:
             self._page_loc[page_hashes[i]] = (sid, i)
 
@@ -1138,29 +1190,38 @@ class HostPayloadStore:
         if seg[1] <= 0:
             del self._segments[loc[0]]
 
+    def _page_slices(self, copies, pi: int) -> list:
+        page = self.cache.page_size
+        out = []
+        for c, d in zip(copies, self._divisors(copies)):
+            c.wait()  # explicit synchronisation before first use
+            n = page // d
+            out.extend(None if t is None else t[pi * n : (pi + 1) * n] for t in c.tensors)
+        return out
+
     def page_rows(self, h: bytes):
-        """Every layer's rows of the page ``h`` (CPU tensors, None for a layer without KV), waiting for the
-        device->host copy; None when the page is not held."""
+        """Every buffer's rows of the page ``h`` (CPU tensors, None for a layer without KV; the flat
+        layout of the class docstring), waiting for the device->host copy; None when not held."""
         loc = self._page_loc.get(h)
         if loc is None:
             return None
-        copy = self._segments[loc[0]][0]
-        copy.wait()
-        page = self.cache.page_size
-        return [None if t is None else t[loc[1] * page : (loc[1] + 1) * page].clone() for t in copy.tensors]
+        return [None if t is None else t.clone() for t in self._page_slices(self._segments[loc[0]][0], loc[1])]
 
     def device_rows(self, indices):
-        """Every layer's KV rows at the device slots ``indices`` (CPU tensors, copied synchronously)."""
-        if self._kv_direct:
-            copy = self.copier.save(self._kv_pool().kv_buffer, indices.view(-1), dim=0)
-            copy.wait()
-            return copy.tensors
-        import torch
+        """Every buffer's KV rows at the device token slots ``indices`` (CPU tensors, flat layout)."""
+        if not self._kv_direct:
+            return self._upstream_rows(indices)
+        out = []
+        for c in self._save_rows(indices):
+            c.wait()
+            out.extend(c.tensors)
+        return out
 
-        per_layer = self._kv_pool().get_cpu_copy(indices)
-        if not all(isinstance(x, torch.Tensor) for c in per_layer for x in c):
-            raise UnsupportedHostCopy(f"{type(self._kv_pool()).__name__}.get_cpu_copy parts are not row tensors")
-        return [torch.cat(c) if len(c) else None for c in per_layer]
+    def slice_page(self, rows, i: int) -> list:
+        """Page ``i`` (copies) of rows returned by :meth:`device_rows` for a run of whole pages."""
+        page = self.cache.page_size
+        divisors = [d for bufs, d in self._groups for _ in bufs] if self._kv_direct else [1] * len(rows)
+        return [None if t is None else t[i * (page // d) : (i + 1) * (page // d)].clone() for t, d in zip(rows, divisors)]
 
     def state_tensors(self, h: bytes):
         """``(tensors, dim)`` of the checkpoint ``h`` for the store, or None when not held. A state pool
@@ -1175,14 +1236,26 @@ class HostPayloadStore:
         return list(state.tensors), state.dim
 
     def add_page(self, h: bytes, rows) -> None:
-        """Hold a page read from the store (rows as :meth:`page_rows` returns them)."""
+        """Hold a page read from the store (rows as :meth:`page_rows` returns them).
+
+        Raises:
+            ValueError: ``rows`` does not have one entry per buffer of this pool.
+        """
         from sglang_hybrid.mem_cache.host_copy import HostCopy
 
         if h in self._page_loc:
             return
+        rows = list(rows)
+        sizes = [len(bufs) for bufs, _ in self._groups] if self._kv_direct else [len(rows)]
+        if sum(sizes) != len(rows):
+            raise ValueError(f"page rows: {len(rows)} tensors for a pool of {sum(sizes)} buffers")
+        copies, at = [], 0
+        for n in sizes:
+            copies.append(HostCopy(rows[at : at + n], None, 0))
+            at += n
         sid = self._next
         self._next += 1
-        self._segments[sid] = [HostCopy(list(rows), None, 0), 1]
+        self._segments[sid] = [copies, 1]
         self._page_loc[h] = (sid, 0)
 
     def add_state(self, h: bytes, tensors, dim: int) -> None:
@@ -1200,24 +1273,19 @@ class HostPayloadStore:
 
         from sglang_hybrid.mem_cache.host_copy import HostCopy
 
-        page = self.cache.page_size
         if page_hashes:
-            copies = [self._segments[self._page_loc[h][0]][0] for h in page_hashes]
-            for c in copies:
-                c.wait()  # explicit synchronisation before first use
-            nlayers = len(copies[0].tensors)
-            rows = []
-            for layer in range(nlayers):
-                parts = []
-                for h, c in zip(page_hashes, copies):
-                    t = c.tensors[layer]
-                    pi = self._page_loc[h][1]
-                    parts.append(None if t is None else t[pi * page : (pi + 1) * page])
-                rows.append(None if any(x is None for x in parts) else torch.cat(parts))
-            pool = self._kv_pool()
+            pages = [self._page_slices(self._segments[self._page_loc[h][0]][0], self._page_loc[h][1])
+                     for h in page_hashes]
+            rows = [None if any(p[b] is None for p in pages) else torch.cat([p[b] for p in pages])
+                    for b in range(len(pages[0]))]
             if self._kv_direct:
-                self.copier.load(HostCopy(rows, None, 0), pool.kv_buffer, kv_indices.view(-1))
+                at = 0
+                for bufs, d in self._groups:
+                    self.copier.load(HostCopy(rows[at : at + len(bufs)], None, 0), bufs,
+                                     self._group_indices(kv_indices, d))
+                    at += len(bufs)
             else:
+                pool = self._kv_pool()
                 chunk = getattr(pool, "cpu_offloading_chunk_size", None)
                 per_layer = []
                 for r in rows:

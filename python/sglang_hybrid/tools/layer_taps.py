@@ -18,7 +18,10 @@ both gives a per-layer error table (:func:`compare_passes`, or
 whose output departs from the reference while its input still agrees is where a
 fault sits (issue 40). Decode passes and CUDA-graph captures are never recorded;
 every tap copies to the host and synchronises the device, so this is a
-diagnostic switch, not a serving mode.
+diagnostic switch, not a serving mode. Module hooks do not run inside a replayed CUDA graph:
+upstream's prefill graphs (on by default for Qwen3.8 in 0.5.23) therefore decline the passes the
+taps still want to record (at most ``..._MAX`` passes of at most ``..._MAX_TOKENS`` tokens), which
+run eagerly; every other pass uses its graph as usual.
 """
 
 from __future__ import annotations
@@ -103,6 +106,16 @@ class LayerTaps:
         self._taps = {}
         return None
 
+    def wants(self, forward_batch) -> bool:
+        """Whether the taps would record this forward pass (an extend pass within the limits)."""
+        if self.passes >= self.max_passes:
+            return False
+        mode = getattr(forward_batch, "forward_mode", None)
+        if mode is None or mode.name not in ("EXTEND", "MIXED"):
+            return False
+        ids = getattr(forward_batch, "input_ids", None)
+        return isinstance(ids, torch.Tensor) and ids.numel() <= self.max_tokens
+
     def _record(self, key: str, t: Optional[torch.Tensor]) -> None:
         if self._taps is not None and t is not None and t.is_floating_point():
             self._taps[key] = t.detach().float().cpu().clone()
@@ -148,13 +161,36 @@ def _attach(_result, runner, *args, **kwargs):
     return None
 
 
+_ACTIVE: List[LayerTaps] = []
+PREFILL_GRAPH_CAN_RUN = ("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner."
+                         "can_run_graph")
+
+
+def _attach_and_track(result, runner, *args, **kwargs):
+    _attach(result, runner, *args, **kwargs)
+    taps = getattr(runner, "_sglang_hybrid_layer_taps", None)
+    if taps is not None and taps not in _ACTIVE:
+        _ACTIVE.append(taps)
+    return None
+
+
+def _prefill_graph_unless_tapped(original, self, forward_batch, *args, **kwargs):
+    """AROUND ``PrefillCudaGraphRunner.can_run_graph``: False for a pass the taps want (module docstring)."""
+    if any(t.wants(forward_batch) for t in _ACTIVE):
+        return False
+    return original(self, forward_batch, *args, **kwargs)
+
+
 def install() -> None:
-    """AFTER ``ModelRunner.load_model``: attach the taps when :data:`TAPS_ENV` is set (anchored in anchors.py)."""
+    """AFTER ``ModelRunner.load_model``: attach the taps when :data:`TAPS_ENV` is set; AROUND the prefill
+    CUDA-graph runner's ``can_run_graph`` (both anchored in anchors.py)."""
     if not os.environ.get(TAPS_ENV):
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.load_model", _attach, HookType.AFTER)
+    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.load_model", _attach_and_track,
+                          HookType.AFTER)
+    HookRegistry.register(PREFILL_GRAPH_CAN_RUN, _prefill_graph_unless_tapped, HookType.AROUND)
 
 
 # ------------------------------------------------------------------ comparison
@@ -174,11 +210,17 @@ def find_pass(passes: Sequence[dict], input_ids: Sequence[int]) -> Optional[dict
 
 @dataclass(frozen=True)
 class TapError:
-    """``max |test - ref|`` of one tap and that error relative to ``max |ref|``."""
+    """``max |test - ref|`` of one tap and that error relative to ``max |ref|``; ``token_rel``: the same
+    relative error per token (row) of a ``[tokens, ...]`` tap."""
 
     key: str
     max_abs: float
     ref_max: float
+    token_rel: tuple = ()
+
+    def tokens_over(self, tol: float) -> int:
+        """Tokens whose relative error is above ``tol`` (NaN counts)."""
+        return sum(1 for r in self.token_rel if not r <= tol)
 
     @property
     def rel(self) -> float:
@@ -203,7 +245,11 @@ def compare_passes(ref: dict, test: dict) -> List[TapError]:
         if a.shape != b.shape:
             continue
         d = (b - a).abs()
-        rows.append(TapError(key, float("nan") if d.isnan().any() else float(d.max()), float(a.abs().max())))
+        ref_max = float(a.abs().max())
+        per_token = ()
+        if d.dim() >= 2 and ref_max > 0:
+            per_token = tuple(float(x) / ref_max for x in d.reshape(d.shape[0], -1).amax(-1))
+        rows.append(TapError(key, float("nan") if d.isnan().any() else float(d.max()), ref_max, per_token))
     return rows
 
 

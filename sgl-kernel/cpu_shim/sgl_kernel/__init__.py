@@ -72,17 +72,23 @@ def _device() -> str:
 
 
 DEVICE = _device()
+_FLASH_MLA_STANDIN = False
 if DEVICE != "cpu":
     # Upstream asserts the distribution sglang-kernel >= 0.4.9 at launch unless this is set.
     os.environ.setdefault("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
+if DEVICE == "cuda":
+    from sgl_kernel import flash_mla_standin
+
+    _FLASH_MLA_STANDIN = flash_mla_standin.install()
 _logger.warning(
     "sgl_kernel is the sglang-hybrid stand-in (sgl-hybrid-cpu-shim, device %s), not the sglang-kernel "
     "wheel: norms, gated activations, sampling renorm, MoE sum/align and merge_state run in plain torch, "
     "other sgl_kernel ops raise NotImplementedError when called%s",
     DEVICE,
-    ""
-    if DEVICE == "cpu"
-    else "; SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=" + os.environ["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"],
+    (""
+     if DEVICE == "cpu"
+     else "; SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=" + os.environ["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"])
+    + ("; flash_mla is an import stand-in (no sgl-flash-mla wheel)" if _FLASH_MLA_STANDIN else ""),
 )
 
 

@@ -46,7 +46,7 @@ def _backend(gen, name="sgl_hybrid_qsa"):
     return be
 
 
-def _batch(gen, be, lens, T, partial):
+def _batch(gen, be, lens, T, partial, mode=None):
     """Requests with ``lens`` tokens after their T draft rows; upstream's per-row metadata; top-k per row."""
     B, W = len(lens), max(lens)
     req_rows = torch.randperm(SLOTS, generator=gen)[: B * W].view(B, W).int()  # req_to_token rows
@@ -59,7 +59,7 @@ def _batch(gen, be, lens, T, partial):
     for r, n in enumerate(row_len.tolist()):
         pick = torch.randperm(n, generator=gen)[: max(1, n // 2) if partial else n]
         topk[r, : pick.numel()] = pick.int()
-    mode = ForwardMode.DECODE if T == 1 else ForwardMode.TARGET_VERIFY
+    mode = mode or (ForwardMode.DECODE if T == 1 else ForwardMode.TARGET_VERIFY)
     fb = SimpleNamespace(forward_mode=mode, spec_info=SimpleNamespace(draft_token_num=T))
     q = torch.randn(B * T, HQ, D, generator=gen)
     return q, fb, topk
@@ -78,6 +78,9 @@ CASES = {  # name: (lens, T, partial selection, draft reuses selection, expected
     "decode_draft_reuse": ([9, 14, 3, 20, 11], 1, True, True, "sparse"),
     "verify_dense": ([9, 14, 6, 20], 3, False, False, "dense"),
     "verify_sparse": ([9, 14, 6], 3, True, False, "sparse"),
+    # the MTP draft model's extend after a verify (EAGLE v2): each row its own request
+    "draft_extend_dense": ([9, 14, 6, 20], 2, False, False, "dense"),
+    "draft_extend_sparse": ([14], 3, True, False, "sparse"),  # 3 rows: below the dense batch guard
 }
 
 
@@ -90,7 +93,8 @@ def test_paged_rows_through_upstream_signature_equal_upstream(case, impl, monkey
         monkeypatch.setattr(qsa_dispatch, "device_kind", lambda t: "cuda")
     gen = torch.Generator().manual_seed(len(case))
     be = _backend(gen)
-    q, fb, topk = _batch(gen, be, lens, T, partial)
+    q, fb, topk = _batch(gen, be, lens, T, partial,
+                         ForwardMode.DRAFT_EXTEND_V2 if case.startswith("draft_extend") else None)
     if reuse:
         be._mtp_shared_sparse_indices = object()
     called = []

@@ -59,3 +59,36 @@ class TestCpuShim(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestFlashMlaStandin(unittest.TestCase):
+    """On CUDA without the sgl-flash-mla wheel, upstream's MTP start-up imports ``flashmla_backend``
+    (issue 40): the stand-in lets that import succeed and every FlashMLA op fail when called."""
+
+    def test_upstream_flashmla_backend_imports_and_ops_raise(self):
+        import subprocess
+        import sys
+
+        code = (
+            "import importlib.util, sys\n"
+            "from sgl_kernel import flash_mla_standin\n"
+            "assert importlib.util.find_spec('flash_mla') is None\n"
+            "assert flash_mla_standin.install() is True\n"
+            "assert flash_mla_standin.install() is False\n"  # once only
+            "from sglang.kernels.ops.attention import flash_mla_interface as fi\n"
+            "import flash_mla\n"
+            "try:\n"
+            "    flash_mla.get_mla_metadata(None)\n"
+            "except NotImplementedError as e:\n"
+            "    print('raised:', e)\n"
+            "try:\n"
+            "    fi.FlashMLASchedMeta()\n"
+            "except NotImplementedError as e:\n"
+            "    print('raised:', e)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+        lines = [line for line in out.stdout.splitlines() if line.startswith("raised:")]
+        self.assertEqual(len(lines), 2, out.stdout)
+        self.assertIn("flash_mla.get_mla_metadata", lines[0])
+        self.assertIn("sgl-flash-mla wheel is not installed", lines[1])

@@ -1,9 +1,9 @@
-"""The host and store tiers with the tiny Qwen3.8-Flash-Next (issue 45): its KV pool's host copy
-(compressed QSA pages with index keys) is not a list of row tensors, which the host tier cannot split
-into pages. Before this test the first eviction to the host tier killed the scheduler (TypeError in
-``torch.cat``); now the tier turns itself off with one warning, the server keeps serving with
-cold-equal tokens, and a second instance on the same store finds nothing to resume (no entry was
-written). Supporting this pool in the tiers is not done."""
+"""The host and store tiers with the tiny Qwen3.8-Flash-Next (issue 45): its KV pool is upstream's QSA
+pool, full K / V rows per token slot plus compressed indexer keys at one row per ``ratio`` slots. The
+host tier copies both with each page (before, its host copy went through upstream's ``get_cpu_copy``,
+whose per-layer K / V pairs the tier could not split into pages, and the tiers were turned off): a
+prompt pushed out of the device by a flood resumes from the host with the cold tokens, and a second
+instance on the same store resumes it from the store with the same tokens."""
 
 from __future__ import annotations
 
@@ -42,14 +42,18 @@ class TestHybridTiersQwen38(CustomTestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def test_unsupported_kv_pool_turns_the_tiers_off_and_serving_goes_on(self):
-        self.assertIn("hybrid cache: host tier turned off:", self.log_a)
+    def test_host_tier_restore_equals_cold(self):
+        self.assertNotIn("host tier turned off", self.log_a)
         self.assertNotIn("Scheduler hit an exception", self.log_a)
-        self.assertEqual(len(self.floods), len(FLOODS))
-        self.assertEqual(self.again[0], self.cold[0])
-        out, cached, details = self.from_store
+        self.assertEqual(self.cold[1], 0)
+        out, cached, details = self.again
+        self.assertGreater(int(details.get("host", 0)), 0, f"not restored from the host tier: {details}")
         self.assertEqual(out, self.cold[0])
-        self.assertEqual(int(details.get("storage", 0)), 0)
+
+    def test_second_instance_resumes_from_the_store(self):
+        out, cached, details = self.from_store
+        self.assertGreater(int(details.get("storage", 0)), 0, f"not resumed from the store: {details}")
+        self.assertEqual(out, self.cold[0])
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ class _Model(torch.nn.Module):
 
 
 class _Batch:
-    def __init__(self, mode):
+    def __init__(self, mode, input_ids=None):
         self.forward_mode = mode
+        self.input_ids = input_ids
 
 
 class TestLayerTaps(unittest.TestCase):
@@ -74,6 +75,23 @@ class TestLayerTaps(unittest.TestCase):
             model.forward(torch.tensor([7, 8]), None, _Batch(ForwardMode.EXTEND))
             model.forward(torch.tensor([9]), None, _Batch(ForwardMode.EXTEND))  # budget of 1 pass used
             self.assertEqual([p["input_ids"].tolist() for p in layer_taps.load_passes(d)], [[7, 8]])
+
+    def test_prefill_graph_declines_only_the_passes_the_taps_want(self):
+        """Module hooks do not run in a replayed CUDA graph: a wanted pass must run eagerly."""
+        with tempfile.TemporaryDirectory() as d:
+            model = _Model()
+            taps = layer_taps.LayerTaps(model, d, max_passes=1, max_tokens=4)
+            layer_taps._ACTIVE[:] = [taps]
+            try:
+                graph = lambda self, fb: True  # noqa: E731  (upstream's verdict: the graph can run)
+                can = lambda fb: layer_taps._prefill_graph_unless_tapped(graph, None, fb)  # noqa: E731
+                self.assertFalse(can(_Batch(ForwardMode.EXTEND, torch.arange(3))))
+                self.assertTrue(can(_Batch(ForwardMode.EXTEND, torch.arange(5))))  # over the token limit
+                self.assertTrue(can(_Batch(ForwardMode.DECODE, torch.arange(1))))
+                model.forward(torch.tensor([7, 8]), None, _Batch(ForwardMode.EXTEND))  # the one pass
+                self.assertTrue(can(_Batch(ForwardMode.EXTEND, torch.arange(3))))  # budget used: graphs again
+            finally:
+                layer_taps._ACTIVE.clear()
 
     def test_compare_passes_names_the_layer_that_departs(self):
         with tempfile.TemporaryDirectory() as ref_dir, tempfile.TemporaryDirectory() as test_dir:

@@ -5,8 +5,10 @@
 the backend upstream's hybrid-GDN wrapper builds for Qwen3.8's QSA layers
 (``attn_backend_wrapper``: ``full_attn_backend = QwenSparseAttnBackend(runner)``
 whenever ``is_qwen_qsa(config)``) -- and two AROUND hooks on that class make its
-decode and chain-verify rows run ``sgl_hybrid_kernel.qsa.dispatch.qsa_attention``
-when the runner's decode or prefill backend is ``sgl_hybrid_qsa``:
+decode, chain-verify and MTP draft-extend rows run ``sgl_hybrid_kernel.qsa.dispatch.qsa_attention``
+when the runner's decode or prefill backend is ``sgl_hybrid_qsa`` (draft-extend rows: one request per
+row, as upstream's own fallback treats them; that fallback needs flash-attn, which a CUDA machine
+without the wheel lacks):
 
 * ``_try_fused_kv_attention`` returns ``None`` for decode / speculative rows, so
   upstream writes K/V with ``set_kv_buffer`` and calls ``_forward_paged_attention``;
@@ -71,7 +73,11 @@ def _rows_per_request(forward_batch, rows: int) -> Optional[int]:
     if mode.is_target_verify():
         t = int(getattr(getattr(forward_batch, "spec_info", None), "draft_token_num", 0) or 0)
         return t if t > 0 and rows % t == 0 else None
-    return None  # draft extend: rows per request vary
+    if mode.is_draft_extend_v2():
+        # the MTP draft model's extend after a verify: every row carries its own table row and visible
+        # length (upstream's fallback treats each row as a request), so each row is one request here
+        return 1
+    return None
 
 
 def graph_token_table(backend, metadata) -> Optional[torch.Tensor]:
