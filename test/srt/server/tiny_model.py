@@ -96,11 +96,13 @@ def _add_words(base: str, out: str, words, vocab_size: int) -> None:
 def tiny_kimi_k3_shaped(seed: int = 0) -> str:
     """Path of the tiny Kimi K3 with K3's attention geometry (``make_tiny_model --arch kimi-k3-shaped``:
     MLA ``kv_lora_rank`` 512 + rope 64, nope / value 128, 12 heads; KDA 12 heads of 128; 4 layers,
-    hidden 128, 8 experts), for upstream's GPU kernels (built on first use; same seed -> same files)."""
-    out = os.path.join(_CACHE_DIR, f"kimi-k3-shaped-tiny-seed{seed}")
+    hidden 128, 8 experts), for upstream's GPU kernels (built on first use; same seed -> same files).
+    Stored in BF16 (FP32 for the parameters upstream keeps in FP32): the GPU suite carries the checkpoint
+    to the device machine beside the offline bundle, and the FP32 file (32 MB) did not fit."""
+    out = os.path.join(_CACHE_DIR, f"kimi-k3-shaped-tiny-bf16-seed{seed}")
     with build_lock(out):
         if not os.path.exists(os.path.join(out, "config.json")):  # config.json is written last
-            build("kimi-k3-shaped", out, seed=seed)
+            build("kimi-k3-shaped", out, seed=seed, dtype="bfloat16")
     return out
 
 
