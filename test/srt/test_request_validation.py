@@ -47,3 +47,31 @@ def test_sampled_n_under_cpu_speculation_is_refused(params):
 ])
 def test_sampled_n_is_served_where_it_samples_or_is_greedy(manager, params):
     check_input_ids_in_vocab(manager, _request(sampling_params={"max_new_tokens": 2, **params}), [1, 2])
+
+
+def _pool_manager(context_len, max_req_input_len, page_size=None, resolved_page=64):
+    sa = SimpleNamespace(device="cuda", speculative_algorithm=None, page_size=page_size,
+                         resolved_dict=lambda: {"page_size": resolved_page})
+    return SimpleNamespace(model_config=SimpleNamespace(vocab_size=VOCAB), server_args=sa, context_len=context_len,
+                           max_req_input_len=max_req_input_len)
+
+
+def test_request_the_pool_can_never_admit_is_refused():
+    """Pool 1,600 < context 4,096 (upstream: max_req_input_len 1,594), page 64 resolved by a model rule: the
+    scheduler needs prompt + new + a page to fit the pool, else the request would wait forever."""
+    tm = _pool_manager(4096, 1594)
+    fits = [1] * (1600 - 64 - 8)  # exactly fills the pool with 8 new tokens and a page
+    check_input_ids_in_vocab(tm, _request(sampling_params={"max_new_tokens": 8}), fits)
+    with pytest.raises(ValueError, match=r"the KV pool holds 1600 tokens and the request needs 1529 prompt \+ 8 new "
+                                         r"tokens \+ one page of 64"):
+        check_input_ids_in_vocab(tm, _request(sampling_params={"max_new_tokens": 8}), fits + [1])
+    with pytest.raises(ValueError, match=r"needs 1000 prompt \+ 128 new"):  # upstream's default max_new_tokens
+        check_input_ids_in_vocab(_pool_manager(4096, 994), _request(sampling_params={}), [1] * 1000)
+
+
+def test_pool_check_only_where_the_pool_bounds_a_request():
+    # the context, not the pool, bounds requests (pool >= context): upstream's own length checks apply
+    check_input_ids_in_vocab(_pool_manager(4096, 4090), _request(sampling_params={"max_new_tokens": 90}), [1] * 4000)
+    # an explicit --page-size is used as given
+    check_input_ids_in_vocab(_pool_manager(4096, 1594, page_size=1), _request(sampling_params={"max_new_tokens": 4}),
+                             [1] * 1595)

@@ -22,6 +22,13 @@ completions would be the same greedy one. (A single sampled request is decoded g
 that is upstream's CPU behaviour and is not refused: with ``n = 1`` the answer is
 still one valid completion.)
 
+One more never completes: a request the KV pool can never admit. When the pool holds fewer tokens
+than the context length, upstream accepts any prompt up to the pool size minus 6 tokens, but its
+scheduler admits a prefill only when prompt + new tokens (at most ``CLIP_MAX_NEW_TOKENS``) + one
+page of allocation rounding fit the pool; a larger request then waits in the queue forever, the
+client gets no answer and the queue behind it stalls (a 1,549-token prompt to a 1,600-token pool at
+page 64, found by the GPU suite's warm-up). It is refused with the pool's size in the message.
+
 It also rejects an empty stop string (``stop: ""`` or ``[""]``): upstream
 accepts it and it matches at once, so the request stops after one token with
 empty text — never what the caller meant.
@@ -50,7 +57,60 @@ def check_input_ids_in_vocab(self, obj, input_ids, *args, **kwargs):
             raise ValueError(f"input_ids contains token id {bad} outside the vocabulary [0, {vocab_size}).")
     _check_logprob_and_stop_args(obj, self.model_config.vocab_size)
     _check_parallel_sampling(obj, getattr(self, "server_args", None))
+    _check_fits_pool(self, obj, input_ids)
     return None
+
+
+def pool_tokens(context_len: int, max_req_input_len) -> int:
+    """The KV pool's size in tokens when it, not the context length, bounds a request (upstream's
+    ``max_req_input_len = min(context_len - 1, pool - 1) - 5``), else 0 (no pool bound to check)."""
+    if not max_req_input_len:
+        return 0
+    pool = int(max_req_input_len) + 6
+    return pool if pool < int(context_len) else 0
+
+
+def _page_size(tm) -> int:
+    """The served page size: the tokenizer process's ``ServerArgs.page_size`` stays unset when a model
+    rule picks it (compressed QSA: 64), so the resolved value is read once and kept."""
+    page = getattr(tm, "_sglang_hybrid_page_size", None)
+    if page is None:
+        sa = getattr(tm, "server_args", None)
+        page = getattr(sa, "page_size", None)
+        if page is None and hasattr(sa, "resolved_dict"):
+            try:
+                page = sa.resolved_dict().get("page_size")
+            except Exception:  # noqa: BLE001 - no resolution here: page 1 (the check only gets weaker)
+                page = None
+        page = int(page or 1)
+        try:
+            tm._sglang_hybrid_page_size = page
+        except AttributeError:
+            pass
+    return page
+
+
+def _check_fits_pool(tm, obj, input_ids) -> None:
+    """``ValueError`` for a request the pool can never admit (module docstring)."""
+    pool = pool_tokens(getattr(tm, "context_len", 0), getattr(tm, "max_req_input_len", None))
+    if not pool or not input_ids:
+        return
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    sp = getattr(obj, "sampling_params", None)
+    new = sp.get("max_new_tokens") if isinstance(sp, dict) else None
+    new = 128 if new is None else new  # upstream's SamplingParams default
+    if not isinstance(new, int):
+        return  # a malformed value: upstream's SamplingParams check answers it by name
+    page = _page_size(tm)
+    need = len(input_ids) + min(max(new, 0), CLIP_MAX_NEW_TOKENS) + page
+    if need > pool:
+        raise ValueError(
+            f"this request can never be scheduled: the KV pool holds {pool} tokens and the request needs "
+            f"{len(input_ids)} prompt + {min(max(new, 0), CLIP_MAX_NEW_TOKENS)} new tokens + one page of {page}. "
+            "Shorten the prompt or max_new_tokens, or start the server with a larger --max-total-tokens / "
+            "--mem-fraction-static."
+        )
 
 
 def _check_logprob_and_stop_args(obj, vocab_size: int) -> None:

@@ -66,6 +66,11 @@ class TestHybridWarmupSmallPool(CustomTestCase):
             with open(s.log_path, errors="replace") as f:
                 cls.start_log = f.read()
             cls.short = _cached(s.base_url, list(range(10, 40)))
+            # the warm-up's old prompt length: upstream would queue it forever (pool 1,600, page 64)
+            cls.too_long = requests.post(s.base_url + "/generate", json={
+                "input_ids": [10 + i % 800 for i in range(1549)],
+                "sampling_params": {"temperature": 0, "max_new_tokens": 4}}, timeout=60)
+            cls.after = _cached(s.base_url, list(range(10, 40)))
 
     def test_warmup_completed_within_the_pool(self):
         m = re.search(r"sglang-hybrid warm-up: prompts of (\d+) \(chunk \d+\) and (\d+) tokens, a batch of 4, "
@@ -74,6 +79,11 @@ class TestHybridWarmupSmallPool(CustomTestCase):
         # at most half the largest admissible prompt (1600 - 6 tokens)
         self.assertLessEqual(int(m.group(2)), (1600 - 6) // 2)
         self.assertEqual(self.short, 0)
+
+    def test_request_the_pool_can_never_admit_is_refused(self):
+        self.assertEqual(self.too_long.status_code, 400, self.too_long.text)
+        self.assertIn("the KV pool holds 1600 tokens", self.too_long.text)
+        self.assertGreater(self.after, 0)  # still serving, and the cache still works
 
 
 if __name__ == "__main__":
