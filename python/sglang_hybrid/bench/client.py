@@ -51,7 +51,10 @@ class RequestResult:
     where the token counts came from (``completion_tokens``, ``output_ids``,
     ``token_ids``, ``usage``, ``logprobs`` or ``events``).
     ``usage_completion_tokens``: the server's final ``usage.completion_tokens``
-    (OpenAI API only; None when not sent).
+    (OpenAI API only; None when not sent). ``cached_tokens_details``: the server's
+    split of ``cached_tokens`` by cache tier (``device``, ``host``, ``storage``;
+    native API). ``base_url``: the server that served it (several with
+    ``--base-url A,B``).
     """
 
     index: int
@@ -72,6 +75,8 @@ class RequestResult:
     spec_verify_ct: Optional[int] = None
     token_count_source: Optional[str] = None
     usage_completion_tokens: Optional[int] = None
+    cached_tokens_details: Dict[str, int] = field(default_factory=dict)
+    base_url: Optional[str] = None
 
     def to_row(self) -> Dict[str, Any]:
         """A JSON-ready dict; times rounded to 0.1 µs to keep files small."""
@@ -289,6 +294,9 @@ async def send_generate(
         meta = chunk.get("meta_info") or {}
         if meta.get("cached_tokens") is not None:
             result.cached_tokens = int(meta["cached_tokens"])
+        details = meta.get("cached_tokens_details")
+        if isinstance(details, dict):  # tiers of the cached prefix (device / host / storage)
+            result.cached_tokens_details = {str(k): int(v) for k, v in details.items() if isinstance(v, (int, float))}
         if meta.get("prompt_tokens") is not None:
             result.prompt_tokens = int(meta["prompt_tokens"])
         if meta.get("finish_reason") is not None:

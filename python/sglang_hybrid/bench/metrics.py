@@ -46,6 +46,10 @@ def summarize(
     input_tokens = sum(r.input_len for r in ok)
     output_tokens = sum(r.output_tokens for r in ok)
     cached_tokens = sum(r.cached_tokens for r in ok)
+    tiers: Dict[str, int] = {}
+    for r in ok:
+        for tier, n in (getattr(r, "cached_tokens_details", None) or {}).items():
+            tiers[tier] = tiers.get(tier, 0) + int(n)
     achieved = _ratio(cached_tokens, input_tokens)
     theo = _ratio(theoretical[0], theoretical[1])
     reuse_ratio = achieved / theo if (achieved is not None and theo) else None
@@ -68,6 +72,7 @@ def summarize(
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "cached_tokens": cached_tokens,
+        "cached_tokens_by_tier": tiers,
         "achieved_reuse": achieved,
         "theoretical_reuse": theo,
         "theoretical_matched_tokens": theoretical[0],

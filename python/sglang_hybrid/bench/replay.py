@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sglang_hybrid.bench.replay",
         description="Replay a Mooncake-format trace against an SGLang /generate endpoint.",
     )
-    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--base-url", default="http://127.0.0.1:30000",
+                   help="server URL; several, comma-separated: request i goes to URL i mod n (round-robin "
+                        "routing over server instances, e.g. ones sharing a --hybrid-store)")
     p.add_argument("--api", choices=API_CHOICES, default="sglang",
                    help="sglang: native POST /generate; openai: POST /v1/completions (vLLM, any "
                         "OpenAI-compatible server)")
@@ -100,7 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def base_urls(args: argparse.Namespace) -> List[str]:
+    """The servers of ``--base-url`` (comma-separated), in order.
+
+    Raises:
+        SystemExit: an empty entry.
+    """
+    urls = [u.strip().rstrip("/") for u in str(args.base_url).split(",")]
+    if not all(urls):
+        raise SystemExit(f"--base-url has an empty entry: {args.base_url!r}")
+    return urls
+
+
 def _validate(args: argparse.Namespace) -> None:
+    base_urls(args)
     if args.length_scale <= 0 or args.output_scale <= 0:
         raise SystemExit("--length-scale and --output-scale must be > 0")
     if args.concurrency < 1:
@@ -193,8 +208,10 @@ async def _run_paced(
 
 async def _send_one(session, args, req: ScaledRequest, synth, res: RequestResult, t0: float):
     input_ids = synth.input_ids(req)
+    urls = base_urls(args)
+    res.base_url = urls[req.index % len(urls)]
     return await send_request(
-        args.api, session, args.base_url, input_ids, req.output_len, res, t0,
+        args.api, session, res.base_url, input_ids, req.output_len, res, t0,
         args.request_timeout, args.temperature, args.model,
     )
 
@@ -202,7 +219,7 @@ async def _send_one(session, args, req: ScaledRequest, synth, res: RequestResult
 async def resolve_model_name(session, args) -> None:
     """For ``--api openai`` without ``--model``: the first id of ``GET /v1/models`` (else "default")."""
     if args.api == "openai" and not args.model:
-        models = await list_models(session, args.base_url)
+        models = await list_models(session, base_urls(args)[0])
         args.model = (models[0].get("id") if models else None) or "default"
 
 
@@ -216,11 +233,12 @@ async def _replay(
     ]
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        server_info = await get_server_info(session, args.base_url)
+        server_info = await get_server_info(session, base_urls(args)[0])
         await resolve_model_name(session, args)
-        for k in range(args.warmup):
+        for k in range(args.warmup * len(base_urls(args))):
+            url = base_urls(args)[k % len(base_urls(args))]
             w = RequestResult(index=-1, timestamp=0.0, input_len=WARMUP_INPUT_LEN, output_len=WARMUP_OUTPUT_LEN)
-            await send_request(args.api, session, args.base_url, synth.warmup_ids(k, WARMUP_INPUT_LEN),
+            await send_request(args.api, session, url, synth.warmup_ids(k, WARMUP_INPUT_LEN),
                                WARMUP_OUTPUT_LEN, w, time.perf_counter(), args.request_timeout,
                                args.temperature, args.model)
             if not w.success:
