@@ -705,6 +705,40 @@ class HybridRadixCache(UnifiedRadixCache):
                 if rows is not None and self.store.put_page(hashes[i], rows):
                     self.metrics.store_pages_written += 1
 
+    def _writes_through(self) -> bool:
+        return (self.store is not None and self.host.enabled and self.host_payload is not None
+                and getattr(self.store, "write_policy", "write_back") == "write_through")
+
+    def _write_through(self, node) -> None:
+        """Write policy ``write_through`` (store config): publish the checkpoint at the end of ``node``
+        with its path's KV now, copied from the device, so that another instance can resume it before
+        this one evicts it. Synchronous on the scheduler thread (a device->host copy per checkpoint)."""
+        if isinstance(node, int):  # a NodeId (upstream's match results)
+            try:
+                node = self.tree_core.node_by_id(node)
+            except KeyError:
+                return
+        if node is None or node is self.tree_core.root_node or node.component_data[_MAMBA].value is None:
+            return
+        _, h = self._node_end_hash(node)
+        if self.store.exists("rp", [h])[0]:
+            return
+        try:
+            self._store_path_pages(node)
+            tensors, dim = self.host_payload.device_state(node.component_data[_MAMBA].value)
+        except UnsupportedHostCopy as exc:
+            logger.warning("hybrid cache: host tier turned off: %s", exc)
+            self.host.clear()
+            self.host.budget_bytes = 0
+            self.store = None
+            return
+        if not self.store.put_state(h, tensors, dim):
+            return
+        self.metrics.store_states_written += 1
+        page_hashes = self._path_page_hashes(node)
+        if not self.store.publish(h, page_hashes):
+            self._store_pending[h] = page_hashes
+
     def _store_state(self, h: bytes, page_hashes: List[bytes]) -> None:
         """Write the checkpoint at ``h`` and publish it now if its pages are stored, else when they are."""
         state = self.host_payload.state_tensors(h) if self.host_payload is not None else ([], 0)
@@ -910,6 +944,8 @@ class HybridRadixCache(UnifiedRadixCache):
                 )
             if pos in self._pending_end_positions and m.device_prefix_len == pos:
                 self.note_checkpoint(m.last_device_node, "end")  # feeds the decode-end hit rate
+            if m.device_prefix_len == pos and self._writes_through():
+                self._write_through(m.last_device_node)
         self._pending_end_positions.clear()
         self._donated_positions.clear()
         if self._prom is not None:
@@ -1222,6 +1258,16 @@ class HostPayloadStore:
         page = self.cache.page_size
         divisors = [d for bufs, d in self._groups for _ in bufs] if self._kv_direct else [1] * len(rows)
         return [None if t is None else t[i * (page // d) : (i + 1) * (page // d)].clone() for t, d in zip(rows, divisors)]
+
+    def device_state(self, slot):
+        """``(tensors, dim)`` of the state slot ``slot`` copied now (not kept), in :meth:`state_tensors`' form."""
+        pool, translate = self._mamba_pool()
+        idx = translate(slot.view(-1))
+        if not self._state_direct:
+            return pool.get_cpu_copy(idx), -1
+        copy = self.copier.save(self._state_buffers(), idx, dim=1)
+        copy.wait()
+        return list(copy.tensors), copy.dim
 
     def state_tensors(self, h: bytes):
         """``(tensors, dim)`` of the checkpoint ``h`` for the store, or None when not held. A state pool

@@ -185,9 +185,17 @@ def open_store(kind: str, config_path: Optional[str]) -> HybridStore:
             config = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"--hybrid-store-config {config_path}: {exc}") from exc
-    if kind == "file":
-        return LocalFileStore(config.get("path", ""))
-    return MooncakeStore(config)
+    policy = config.get("write_policy", WRITE_BACK)
+    if policy not in WRITE_POLICIES:
+        raise ValueError(f"--hybrid-store-config {config_path}: write_policy must be one of "
+                         f"{', '.join(WRITE_POLICIES)}, got {policy!r}")
+    store = LocalFileStore(config.get("path", "")) if kind == "file" else MooncakeStore(config)
+    store.write_policy = policy
+    return store
+
+
+WRITE_BACK, WRITE_THROUGH = "write_back", "write_through"
+WRITE_POLICIES = (WRITE_BACK, WRITE_THROUGH)
 
 
 def pack(tensors) -> bytes:
@@ -221,6 +229,9 @@ class StoreTier:
     def __init__(self, store: HybridStore, namespace: str):
         self.store = store
         self.ns = namespace
+        # write_back: an entry is written when it leaves the device; write_through: also when the
+        # checkpoint is made (other instances can resume it at once)
+        self.write_policy = getattr(store, "write_policy", "write_back")
         self.failures = 0
         self.reads = 0
         self.writes = 0

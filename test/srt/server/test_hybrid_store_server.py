@@ -51,10 +51,10 @@ def failures(url) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def store_args(tmp, path):
-    cfg = os.path.join(tmp, f"store-{abs(hash(path))}.json")
+def store_args(tmp, path, **extra):
+    cfg = os.path.join(tmp, f"store-{abs(hash(path))}-{len(extra)}.json")
     with open(cfg, "w") as f:
-        json.dump({"path": path}, f)
+        json.dump({"path": path, **extra}, f)
     return ["--hybrid-store", "file", "--hybrid-store-config", cfg]
 
 
@@ -135,6 +135,33 @@ class TestHybridStoreServers(CustomTestCase):
         self.assertEqual(self.start_down[0], self.cold[0])
         self.assertEqual(self.start_down[1], 0)
         self.assertGreaterEqual(self.start_down_failures, 1)
+
+
+class TestHybridStoreWriteThrough(CustomTestCase):
+    """``"write_policy": "write_through"`` in the store config: a checkpoint is published when it is
+    made, so a second instance running at the same time resumes a prefix the first one still holds on
+    its device (with write-back the entry would wait for that instance's eviction)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="sglang-hybrid-store-wt-")
+        store = os.path.join(cls.tmp, "store")
+        flags = ARGS + store_args(cls.tmp, store, write_policy="write_through")
+        with LaunchedServer(tiny_kimi_k3(), flags) as a, LaunchedServer(tiny_kimi_k3(), flags) as b:
+            cls.cold = gen(a.base_url, SENTINEL)
+            cls.on_b = gen(b.base_url, SENTINEL)
+            cls.again_a = gen(a.base_url, SENTINEL)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_other_instance_resumes_at_once_with_cold_tokens(self):
+        out, cached, details = self.on_b
+        self.assertGreater(int(details.get("storage", 0)), 0, f"B did not resume from the store: {details}")
+        self.assertEqual(out, self.cold[0])
+        self.assertGreater(self.again_a[1], 0)  # A still serves it from its own device
+        self.assertEqual(self.again_a[0], self.cold[0])
 
 
 if __name__ == "__main__":
