@@ -3,9 +3,13 @@
     python benchmark/cache/real_instances.py --model-path models/kimi-k3-tiny [--num-requests 200]
 
 Starts two ``python -m sglang.launch_server`` instances of the tiny Kimi K3 on this machine (small
-device pools, so that prefixes leave the device during the run), replays the first requests of
-the packaged Mooncake conversation trace over them round-robin (request i to instance i mod 2,
-``sglang_hybrid.bench.replay --base-url A,B``), then does the same with both instances on one
+device pools, so that prefixes leave the device during the run), replays the first requests of a
+trace over them round-robin (request i to instance i mod 2, ``sglang_hybrid.bench.replay --base-url
+A,B``): by default a generated chat trace (``trace_gen``, shape ``chat-short-prefix`` of
+``benchmark/cache/shapes.json``: sessions whose turns extend the previous prompt, interleaved, so a
+session's turns land on both instances), or ``--trace FILE``. (The first 80 requests of the
+packaged Mooncake trace share prefixes only pairwise: no resume point exists at a shared prefix's
+end before its second use, so no cache reuses them on 1 or 2 instances.) It does the same with both instances on one
 local-file store (``--hybrid-store file``), once per write policy of the store config:
 ``write_back`` (an entry is written when it leaves an instance's device) and ``write_through``
 (also when the checkpoint is made, so the other instance can resume it at once). Prints and writes
@@ -54,7 +58,8 @@ def run_pair(model: str, config: str, args, log_dir: str) -> Dict:
             s = stack.enter_context(LaunchedServer(model, flags, log_path=os.path.join(log_dir, f"{tag}.log")))
             urls.append(s.base_url)
         out = os.path.join(log_dir, f"replay-{config}.json")
-        return replay.main(["--base-url", ",".join(urls), "--model-path", model, "--num-requests",
+        return replay.main(["--base-url", ",".join(urls), "--trace", args.trace, "--model-path", model,
+                            "--num-requests",
                             str(args.num_requests), "--length-scale", str(args.length_scale), "--max-output-len",
                             str(args.max_output_len), "--concurrency", str(args.concurrency), "--no-progress",
                             "--output-json", out])
@@ -70,11 +75,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-total-tokens", type=int, default=6144,
                    help="each instance's KV pool (tokens): small, so that prefixes leave the device during the run")
     p.add_argument("--host-cache-gb", type=float, default=0.01, help="each instance's host tier (GB)")
+    p.add_argument("--trace", default=None, help="JSONL trace (default: generated from --shape)")
+    p.add_argument("--shape", default="benchmark/cache/shapes.json:chat-short-prefix",
+                   help="MATRIX.json:NAME for the generated trace (sglang_hybrid.bench.trace_gen)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--log-dir", default="runs/real-instances")
     p.add_argument("--output-json", default="benchmark/results/cache_real_instances.json")
     args = p.parse_args(argv)
     os.makedirs(args.log_dir, exist_ok=True)
+    if args.trace is None:
+        from sglang_hybrid.bench import trace_gen
+
+        (shape,) = trace_gen._select(args.shape)
+        args.trace = os.path.join(args.log_dir, f"{shape.name}.jsonl")
+        trace_gen.write_jsonl(trace_gen.generate(shape), args.trace)
     t0 = time.monotonic()
     configs = args.configs.split(",")
     if any(c not in CONFIGS for c in configs) or "nostore" not in configs:
@@ -87,7 +101,7 @@ def main(argv=None) -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, no GPU",
         "command": "python benchmark/cache/real_instances.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "instances": 2, "routing": "round-robin by request index",
-        "settings": {k: getattr(args, k) for k in ("num_requests", "length_scale", "max_output_len", "concurrency",
+        "settings": {k: getattr(args, k) for k in ("trace", "shape", "num_requests", "length_scale", "max_output_len", "concurrency",
                                                    "max_total_tokens", "host_cache_gb")},
         "runs": {name: {k: s.get(k) for k in keys} for name, s in runs.items()},
         "wall_s": round(time.monotonic() - t0, 1),
