@@ -625,10 +625,14 @@ class HybridRadixCache(UnifiedRadixCache):
         try:
             self._save_evicted(node, component)
         except UnsupportedHostCopy as exc:
-            logger.warning("hybrid cache: host tier turned off: %s", exc)
-            self.host.clear()
-            self.host.budget_bytes = 0
-            self.store = None
+            self._turn_host_tier_off(exc)
+
+    def _turn_host_tier_off(self, exc: "UnsupportedHostCopy") -> None:
+        """This KV pool's host copies cannot be paged: no host tier (nor store tier) for this server."""
+        logger.warning("hybrid cache: host tier turned off: %s", exc)
+        self.host.clear()
+        self.host.budget_bytes = 0
+        self.store = None
 
     def _save_evicted(self, node, component) -> None:
         if component == _FULL:
@@ -706,8 +710,10 @@ class HybridRadixCache(UnifiedRadixCache):
                     self.metrics.store_pages_written += 1
 
     def _writes_through(self) -> bool:
+        from sglang_hybrid.mem_cache.store import WRITE_THROUGH
+
         return (self.store is not None and self.host.enabled and self.host_payload is not None
-                and getattr(self.store, "write_policy", "write_back") == "write_through")
+                and self.store.write_policy == WRITE_THROUGH)
 
     def _write_through(self, node) -> None:
         """Write policy ``write_through`` (store config): publish the checkpoint at the end of ``node``
@@ -727,10 +733,7 @@ class HybridRadixCache(UnifiedRadixCache):
             self._store_path_pages(node)
             tensors, dim = self.host_payload.device_state(node.component_data[_MAMBA].value)
         except UnsupportedHostCopy as exc:
-            logger.warning("hybrid cache: host tier turned off: %s", exc)
-            self.host.clear()
-            self.host.budget_bytes = 0
-            self.store = None
+            self._turn_host_tier_off(exc)
             return
         if not self.store.put_state(h, tensors, dim):
             return
@@ -1188,8 +1191,12 @@ class HostPayloadStore:
                 "tensors, which the host tier cannot split into pages (not supported for this model's KV pool)")
         return [torch.cat(c) if len(c) else None for c in per_layer]
 
-    def _divisors(self, copies) -> List[int]:
-        return [d for _, d in self._groups] if self._kv_direct else [1] * len(copies)
+    def _slice(self, rows, i: int) -> list:
+        """Page ``i`` (views) of flat per-buffer rows covering a run of whole pages: ``page / divisor``
+        rows of each buffer (class docstring)."""
+        page = self.cache.page_size
+        divisors = [d for bufs, d in self._groups for _ in bufs] if self._kv_direct else [1] * len(rows)
+        return [None if t is None else t[i * (page // d) : (i + 1) * (page // d)] for t, d in zip(rows, divisors)]
 
     def save_kv(self, page_hashes: List[bytes], indices) -> None:
         from sglang_hybrid.mem_cache.host_copy import HostCopy
@@ -1227,13 +1234,9 @@ class HostPayloadStore:
             del self._segments[loc[0]]
 
     def _page_slices(self, copies, pi: int) -> list:
-        page = self.cache.page_size
-        out = []
-        for c, d in zip(copies, self._divisors(copies)):
+        for c in copies:
             c.wait()  # explicit synchronisation before first use
-            n = page // d
-            out.extend(None if t is None else t[pi * n : (pi + 1) * n] for t in c.tensors)
-        return out
+        return self._slice([t for c in copies for t in c.tensors], pi)
 
     def page_rows(self, h: bytes):
         """Every buffer's rows of the page ``h`` (CPU tensors, None for a layer without KV; the flat
@@ -1255,9 +1258,7 @@ class HostPayloadStore:
 
     def slice_page(self, rows, i: int) -> list:
         """Page ``i`` (copies) of rows returned by :meth:`device_rows` for a run of whole pages."""
-        page = self.cache.page_size
-        divisors = [d for bufs, d in self._groups for _ in bufs] if self._kv_direct else [1] * len(rows)
-        return [None if t is None else t[i * (page // d) : (i + 1) * (page // d)].clone() for t, d in zip(rows, divisors)]
+        return [None if t is None else t.clone() for t in self._slice(rows, i)]
 
     def device_state(self, slot):
         """``(tensors, dim)`` of the state slot ``slot`` copied now (not kept), in :meth:`state_tensors`' form."""

@@ -231,7 +231,7 @@ class StoreTier:
         self.ns = namespace
         # write_back: an entry is written when it leaves the device; write_through: also when the
         # checkpoint is made (other instances can resume it at once)
-        self.write_policy = getattr(store, "write_policy", "write_back")
+        self.write_policy = getattr(store, "write_policy", WRITE_BACK)
         self.failures = 0
         self.reads = 0
         self.writes = 0

@@ -93,28 +93,23 @@ class LayerTaps:
 
     def _start(self, _module, args, kwargs):
         self._taps = None
-        if self.passes >= self.max_passes or _capturing():
+        if _capturing():
             return None
         fb = _forward_batch(args, kwargs)
-        mode = getattr(fb, "forward_mode", None)
-        if mode is None or mode.name not in ("EXTEND", "MIXED"):
-            return None
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if not isinstance(ids, torch.Tensor) or ids.numel() > self.max_tokens:
+        if not self._wanted(getattr(fb, "forward_mode", None), ids):
             return None
         self._input_ids = ids.detach().to("cpu", torch.int64).clone()
         self._taps = {}
         return None
 
+    def _wanted(self, mode, ids) -> bool:
+        return (self.passes < self.max_passes and mode is not None and mode.name in ("EXTEND", "MIXED")
+                and isinstance(ids, torch.Tensor) and ids.numel() <= self.max_tokens)
+
     def wants(self, forward_batch) -> bool:
         """Whether the taps would record this forward pass (an extend pass within the limits)."""
-        if self.passes >= self.max_passes:
-            return False
-        mode = getattr(forward_batch, "forward_mode", None)
-        if mode is None or mode.name not in ("EXTEND", "MIXED"):
-            return False
-        ids = getattr(forward_batch, "input_ids", None)
-        return isinstance(ids, torch.Tensor) and ids.numel() <= self.max_tokens
+        return self._wanted(getattr(forward_batch, "forward_mode", None), getattr(forward_batch, "input_ids", None))
 
     def _record(self, key: str, t: Optional[torch.Tensor]) -> None:
         if self._taps is not None and t is not None and t.is_floating_point():
@@ -158,20 +153,13 @@ def _attach(_result, runner, *args, **kwargs):
         rank = int(getattr(runner, "tp_rank", 0) or 0)
         runner._sglang_hybrid_layer_taps = LayerTaps(model, out_dir, rank, int(os.environ.get(TAPS_MAX_ENV, "32")),
                                                      int(os.environ.get(TAPS_MAX_TOKENS_ENV, "1024")))
+        _ACTIVE.append(runner._sglang_hybrid_layer_taps)
     return None
 
 
-_ACTIVE: List[LayerTaps] = []
+_ACTIVE: List[LayerTaps] = []  # the taps of this process (read by the prefill-graph hook)
 PREFILL_GRAPH_CAN_RUN = ("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner."
                          "can_run_graph")
-
-
-def _attach_and_track(result, runner, *args, **kwargs):
-    _attach(result, runner, *args, **kwargs)
-    taps = getattr(runner, "_sglang_hybrid_layer_taps", None)
-    if taps is not None and taps not in _ACTIVE:
-        _ACTIVE.append(taps)
-    return None
 
 
 def _prefill_graph_unless_tapped(original, self, forward_batch, *args, **kwargs):
@@ -188,8 +176,7 @@ def install() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.load_model", _attach_and_track,
-                          HookType.AFTER)
+    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.load_model", _attach, HookType.AFTER)
     HookRegistry.register(PREFILL_GRAPH_CAN_RUN, _prefill_graph_unless_tapped, HookType.AROUND)
 
 
