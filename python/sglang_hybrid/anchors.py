@@ -225,6 +225,17 @@ ANCHORS: List[Anchor] = [
         snippet="return bank.forward(",
     ),
     Anchor(
+        "sglang.srt.models.kimi_k3.KimiK3DeltaAttention._prepare_fused_decode",
+        "kda_fused_decode: AFTER hook sets the model's fused-decode ready flag for our kernel's contract",
+        snippet="self._kda_fused_decode_ready = True",
+    ),
+    Anchor(
+        "sglang.srt.models.kimi_k3.KimiK3DeltaAttention.forward",
+        "kda_fused_decode: the model offers the output-norm gate on the attention layer and skips o_norm "
+        "when the backend consumed it",
+        snippet="fused_onorm = self.attn._k3_onorm_consumed",
+    ),
+    Anchor(
         "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.target_verify",
         "SglHybridKDAKernel.target_verify is called with upstream's verify signature",
         snippet="return self.verify_kernel.target_verify(",

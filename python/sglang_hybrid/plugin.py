@@ -36,7 +36,7 @@ _REGISTERED = False
 
 
 UPSTREAM_OPS_ENV = "SGLANG_HYBRID_UPSTREAM_OPS"
-_HOOKED_OPS = ("moe_routing", "attn_res")
+_HOOKED_OPS = ("moe_routing", "attn_res", "kda_fused_decode")
 
 
 def _upstream_ops() -> frozenset:
@@ -145,6 +145,10 @@ def register() -> None:
         routing_hook.install()  # upstream TopK routing -> our kernel on GPU/ROCm (CPU unchanged)
     if "attn_res" not in upstream_ops:
         attn_res_hook.install()  # upstream AttnRes aggregation -> our fused kernel on GPU/ROCm (CPU unchanged)
+    if "kda_fused_decode" not in upstream_ops:
+        from sglang_hybrid.layers.attention import kda_fused_decode
+
+        kda_fused_decode.install()  # Kimi K3 decode: our one-launch fused KDA step (docs/kernels.md#wiring)
     from sglang_hybrid.mem_cache import serving as hybrid_cache
 
     hybrid_cache.install()  # --radix-cache-backend hybrid, default for our models (docs/hybrid-cache.md)

@@ -418,7 +418,10 @@ def test_default_tiles_and_warps_follow_the_h200_sweep():
     assert [recurrent_num_warps(bv) for bv in (4, 8, 16, 32, 64)] == [1, 1, 1, 2, 4]
 
 
-def test_fused_kda_decode_equals_the_unfused_chain():
+@pytest.mark.parametrize("row_views", [False, True])
+def test_fused_kda_decode_equals_the_unfused_chain(row_views):
+    """``row_views``: q|k|v, f, beta and the output gate are column slices of one fused projection's
+    output (upstream's ``torch.split``), read through their row stride."""
     gen = torch.Generator().manual_seed(4)
     B, H, K, W = 4, 2, 16, 4
     C = 3 * H * K
@@ -428,6 +431,10 @@ def test_fused_kda_decode_equals_the_unfused_chain():
     f, b = torch.randn(B, H * K, generator=gen), torch.randn(B, H, generator=gen)
     A, dtb = torch.rand(H, generator=gen), torch.randn(H * K, generator=gen)
     gate, nw = torch.randn(B, H * K, generator=gen), torch.rand(K, generator=gen) + 0.5
+    if row_views:
+        proj = torch.cat([x, gate, f, b, torch.full((B, 3), NAN)], dim=1)  # NaN columns: never read
+        x, gate, f, b = proj[:, :C], proj[:, C:C + H * K], proj[:, C + H * K:C + 2 * H * K], proj[:, C + 2 * H * K:C + 2 * H * K + H]
+        assert not x.is_contiguous() and x.stride(0) == proj.shape[1]
     idx = torch.tensor([4, -1, 1, 2])
     c_f, s_f, c_r, s_r = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
     for step in range(2):  # twice: the arrival counters must have reset themselves

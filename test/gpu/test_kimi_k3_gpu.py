@@ -9,8 +9,11 @@ from serving_checks import GpuServingChecks
 from sglang.test.test_utils import CustomTestCase
 
 K3_ARGS = ["--attention-backend", "sgl_hybrid_mla", "--linear-attn-backend", "sgl_hybrid"]
-K3_CALLS = ("mla_decode_backend=sgl_hybrid", "mla_extend_backend=sgl_hybrid", "kda_decode=triton",
+# Decode runs the one-launch fused KDA step (layers/attention/kda_fused_decode.py); the unfused
+# recurrent kernel ("kda_decode=triton") serves only where the fused one declines.
+K3_CALLS = ("mla_decode_backend=sgl_hybrid", "mla_extend_backend=sgl_hybrid", "kda_decode=fused",
             "kda_extend=triton", "moe_routing_hook=sgl_hybrid", "attn_res_hook=sgl_hybrid")
+UNFUSED_CALLS = tuple(c for c in K3_CALLS if c != "kda_decode=fused") + ("kda_decode=triton",)
 
 
 class TestKimiK3TinyGPU(GpuServingChecks, CustomTestCase):
@@ -28,6 +31,17 @@ class TestKimiK3ShapedGPU(GpuServingChecks, CustomTestCase):
     our_calls = K3_CALLS
 
 
+class TestKimiK3ShapedUnfusedDecodeGPU(GpuServingChecks, CustomTestCase):
+    """Our kernels with the fused KDA decode left out: conv, our recurrent kernel, upstream's o_norm.
+    Both this and the fused class must match the same fixtures."""
+
+    fixture = "kimi-k3-shaped"
+    server_args = K3_ARGS
+    our_calls = UNFUSED_CALLS
+    env = {"SGLANG_HYBRID_UPSTREAM_OPS": "kda_fused_decode"}
+    check_taps = False  # taps record extend passes only, which this class shares with the fused one
+
+
 class TestKimiK3ShapedUpstreamKernelsGPU(GpuServingChecks, CustomTestCase):
     """The control: upstream's class with upstream's attention (Triton), KDA kernels and routing.
     Agreement here and disagreement above puts a fault in our kernels or hooks; disagreement here
@@ -38,7 +52,7 @@ class TestKimiK3ShapedUpstreamKernelsGPU(GpuServingChecks, CustomTestCase):
 
     fixture = "kimi-k3-shaped"
     server_args = ["--attention-backend", "triton"]
-    env = {"SGLANG_HYBRID_UPSTREAM_OPS": "moe_routing"}
+    env = {"SGLANG_HYBRID_UPSTREAM_OPS": "moe_routing,kda_fused_decode"}
 
 
 if __name__ == "__main__":

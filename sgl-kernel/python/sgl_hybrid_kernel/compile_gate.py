@@ -363,10 +363,10 @@ def kernel_configs() -> List[KernelConfig]:
                                     dict(T=T, BV=32, GATE=gate, L2NORM=True, COMMIT=mode == "plain", DEFERRED=mode == "fused",
                                          REPLAY_PREV=mode == "fused", DOT_PREC="ieee", s_k=1, **shape),
                                     num_warps=warps, targets=targets, divisible=wptrs + ("s_slot", "s_h", "s_v", "r_slot")))
-    for bv in (32, 8):
+    for bv in (32, 16, 8):  # 16: what kda.fused_decode.value_tile_for(128) launches on the served path
         out.append(KernelConfig(f"kda_fused_decode_bv{bv}", kda_fused_decode_kernel,
                                 dict(H=12, K=128, V=128, W=4, BK=128, BV=bv, NV=128 // bv, NVP=128 // bv, SAFE_GATE=True),
-                                num_warps=8 if bv >= 32 else 2))
+                                num_warps=8 if bv >= 32 else (4 if bv >= 16 else 2)))
     # The sequential chunked prefill runs on CUDA only (it spills on CDNA; ROCm runs the
     # chunk-64 form, chunk.gated_delta_chunk_triton): its configs are gated on sm_90.
     chunk = dict(BK=128, BV=32, BT=16, L2NORM=True, CKPT=True, TF32=True, KB=16)

@@ -8,8 +8,9 @@ true) with :class:`HybridKDAAttnBackend`, a subclass that:
 * on CPU runs prefill/extend and decode with :mod:`sgl_hybrid_kernel` ops
   (conv1d, KDA gate, chunked KDA, recurrent KDA) and writes the prefix-cache
   track snapshots (``extra_buffer`` strategy) in plain torch;
-* on GPU defers to upstream unchanged (our Triton kernels arrive with the
-  recurrent-kernel issue).
+* on GPU defers to upstream, except that a decode step whose model offered its
+  output-norm gate runs our one-launch fused kernel when the decode kernel is ours
+  (``kda_fused_decode.py``).
 
 Tensor contract with the model (``RadixLinearAttention`` call): ``mixed_qkv``
 ``[N, 3 * H * D]`` (q | k | v, pre-convolution), ``a`` the raw forget-gate
@@ -31,6 +32,7 @@ from sgl_hybrid_kernel.dispatch import record_choice
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 
+from sglang_hybrid.layers.attention.kda_fused_decode import try_fused_decode
 from sglang_hybrid.layers.attention.kda_kernel import SglHybridKDAKernel
 from sglang_hybrid.layers.attention.cpu_metadata import CpuLinearAttnMetadataMixin
 from sglang_hybrid.platforms import current_platform
@@ -130,6 +132,11 @@ class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
     # ------------------------------------------------------------------ decode
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not self._torch_path:
+            if isinstance(getattr(self.kernel_dispatcher, "decode_kernel", None), SglHybridKDAKernel):
+                # the one-launch step where the model offered its output-norm gate (kda_fused_decode.py)
+                out = try_fused_decode(self, layer, forward_batch, mixed_qkv, a, b)
+                if out is not None:
+                    return out
             return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         md = self.forward_metadata
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -14,17 +14,36 @@ from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 # Persistent per-device workspaces (sum of squares, arrival counters). The
 # counters must be zero between calls; the kernel resets them itself, so they
 # are zeroed once at allocation and reused by every call and graph replay.
+# A workspace outgrown by a larger batch is kept alive (``_RETIRED``): a CUDA
+# graph captured with it still reads and writes it on every replay.
 _WORKSPACE: Dict[Tuple[str, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: List[Tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def _workspace(device: torch.device, rows: int, tiles: int) -> Tuple[torch.Tensor, torch.Tensor]:
     key = (str(device), tiles)
     ws = _WORKSPACE.get(key)
     if ws is None or ws[1].numel() < rows:
+        if ws is not None:
+            _RETIRED.append(ws)
         n = max(rows, 2 * (ws[1].numel() if ws is not None else 0), 64)
         ws = (torch.zeros(n * tiles, dtype=torch.float32, device=device), torch.zeros(n, dtype=torch.int32, device=device))
         _WORKSPACE[key] = ws
     return ws
+
+
+def value_tile_for(V: int) -> int:
+    """``BV`` the wrapper launches with for value width ``V`` (few, wider tiles: the last tile's row
+    normalisation is serial; H200 sweep: 16 is best at B = 1..128)."""
+    return min(16, triton.next_power_of_2(V))
+
+
+def reserve_workspace(device: torch.device, batch: int, num_heads: int, head_v_dim: int,
+                      value_tile: Optional[int] = None) -> None:
+    """Allocate the workspace for up to ``batch`` requests of ``num_heads`` heads now, outside CUDA-graph
+    capture (serving calls it once at model load, for the largest batch a graph is captured for)."""
+    bv = value_tile or value_tile_for(head_v_dim)
+    _workspace(torch.device(device), batch * num_heads, triton.cdiv(head_v_dim, bv))
 
 
 def kda_fused_decode(
@@ -49,7 +68,9 @@ def kda_fused_decode(
     """One KDA decode step (conv + L2 norm + gates + recurrence + gated RMSNorm), one launch.
 
     Args:
-        mixed_qkv: ``[B, 3 * H * K]`` raw q|k|v projections (pre-conv).
+        mixed_qkv: ``[B, 2 * H * K + H * V]`` raw q|k|v projections (pre-conv). ``mixed_qkv``, ``f``,
+            ``b`` and ``out_gate`` may be row-strided views (a split of a fused projection's output) with a
+            unit inner stride; other layouts are copied first.
         conv_state: ``[slots, W - 1, 3 * H * K]`` conv pool (raw rows); updated in place.
         conv_weight: ``[3 * H * K, W]`` depthwise filter.
         f: ``[B, H * K]`` raw forget-gate projection; b: ``[B, H]`` raw beta.
@@ -86,12 +107,11 @@ def kda_fused_decode(
         s_slot, s_h, s_k, s_v = state.stride()
     else:
         raise ValueError(f"state_layout must be 'kv' or 'vk', got {state_layout!r}")
-    # Few, wider tiles: the last tile's row normalisation is serial (H200 sweep: 16 is best at B = 1..128).
-    BV = value_tile or min(16, triton.next_power_of_2(V))
+    BV = value_tile or value_tile_for(V)
     NV = triton.cdiv(V, BV)
     sumsq, count = _workspace(mixed_qkv.device, B * H, NV)
     o = out if out is not None else torch.empty((B, H, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    mixed_qkv, f, b, out_gate = (t.contiguous() for t in (mixed_qkv, f, b, out_gate))
+    mixed_qkv, f, b, out_gate = (_rows(t, B) for t in (mixed_qkv, f, b, out_gate))
     kda_fused_decode_kernel[(NV, B * H)](
         mixed_qkv, conv_state, conv_weight, f, b, A_log, dt_bias,
         state, state_indices, out_gate, norm_weight, o, sumsq, count,
@@ -99,9 +119,18 @@ def kda_fused_decode(
         0.0 if lower_bound is None else float(lower_bound),
         eps,
         conv_state.stride(0), conv_state.stride(1),
+        mixed_qkv.stride(0), f.stride(0), b.stride(0), out_gate.stride(0),
         s_slot, s_h, s_k, s_v,
         H=H, K=K, V=V, W=W, BK=triton.next_power_of_2(K), BV=BV, NV=NV,
         NVP=triton.next_power_of_2(NV), SAFE_GATE=lower_bound is not None,
         num_warps=8 if BV >= 32 else (4 if BV >= 16 else 2),
     )
     return o
+
+
+def _rows(t: torch.Tensor, B: int) -> torch.Tensor:
+    """``t`` as ``[B, n]`` with a unit inner stride: no copy for a row-strided view (the kernel takes the
+    row stride), a copy otherwise."""
+    if t.dim() != 2:
+        t = t.reshape(B, -1)
+    return t if t.stride(-1) == 1 else t.contiguous()

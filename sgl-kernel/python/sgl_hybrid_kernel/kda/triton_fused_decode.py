@@ -49,6 +49,10 @@ def kda_fused_decode_kernel(
     eps,
     c_slot,
     c_row,
+    x_row,  # row strides of x, f, b, gate (unit stride inside a row): views of a fused projection need no copy
+    f_row,
+    b_row,
+    g_row,
     s_slot,
     s_h,
     s_k,
@@ -71,7 +75,6 @@ def kda_fused_decode_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    C = 3 * H * K
 
     slot = tl.load(state_idx_ptr + i_b).to(tl.int64)
     if slot < 0:
@@ -83,9 +86,9 @@ def kda_fused_decode_kernel(
     ck = H * K + i_h * K + o_k
     cv = 2 * H * K + i_h * V + o_v
     win = conv_ptr + slot * c_slot
-    xq = tl.load(x_ptr + i_b * C + cq, mask=m_k, other=0.0).to(tl.float32)
-    xk = tl.load(x_ptr + i_b * C + ck, mask=m_k, other=0.0).to(tl.float32)
-    xv = tl.load(x_ptr + i_b * C + cv, mask=m_v, other=0.0).to(tl.float32)
+    xq = tl.load(x_ptr + i_b * x_row + cq, mask=m_k, other=0.0).to(tl.float32)
+    xk = tl.load(x_ptr + i_b * x_row + ck, mask=m_k, other=0.0).to(tl.float32)
+    xv = tl.load(x_ptr + i_b * x_row + cv, mask=m_v, other=0.0).to(tl.float32)
     q = xq * tl.load(conv_w_ptr + cq * W + (W - 1), mask=m_k, other=0.0).to(tl.float32)
     k = xk * tl.load(conv_w_ptr + ck * W + (W - 1), mask=m_k, other=0.0).to(tl.float32)
     v = xv * tl.load(conv_w_ptr + cv * W + (W - 1), mask=m_v, other=0.0).to(tl.float32)
@@ -105,13 +108,13 @@ def kda_fused_decode_kernel(
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     A = tl.exp(tl.load(A_log_ptr + i_h).to(tl.float32))
-    fx = tl.load(f_ptr + i_b * H * K + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    fx = tl.load(f_ptr + i_b * f_row + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     fx += tl.load(dt_bias_ptr + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     if SAFE_GATE:
         g = lower_bound / (1.0 + tl.exp(-A * fx))
     else:
         g = -A * tl.where(fx < 20.0, tl.log(1.0 + tl.exp(fx)), fx)
-    beta = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
+    beta = tl.load(b_ptr + i_b * b_row + i_h).to(tl.float32)
     beta = 1.0 / (1.0 + tl.exp(-beta))
 
     # ---- delta-rule update of this [K, BV] slice of the pooled state
@@ -139,7 +142,7 @@ def kda_fused_decode_kernel(
             cols = t * BV + tl.arange(0, BV)
             m_c = cols < V
             y = tl.load(row + cols, mask=m_c, other=0.0).to(tl.float32)
-            z = tl.load(gate_ptr + i_b * H * V + i_h * V + cols, mask=m_c, other=0.0).to(tl.float32)
+            z = tl.load(gate_ptr + i_b * g_row + i_h * V + cols, mask=m_c, other=0.0).to(tl.float32)
             w = tl.load(norm_w_ptr + cols, mask=m_c, other=0.0).to(tl.float32)
             y = y * rstd * w / (1.0 + tl.exp(-z))
             tl.store(row + cols, y.to(out_ptr.dtype.element_ty), mask=m_c)
