@@ -41,8 +41,9 @@ logger = logging.getLogger(__name__)
 
 PREPARE_TARGET = "sglang.srt.models.kimi_k3.KimiK3DeltaAttention._prepare_fused_decode"
 OP = "kda_decode_fused"
-# Batches reserved for when the server arguments give no CUDA-graph bound.
+# Workspace rows reserved before capture, in requests (a larger eager batch grows it then).
 DEFAULT_RESERVED_BATCH = 512
+MAX_RESERVED_BATCH = 8192
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,15 @@ def static_contract(layer, o_norm) -> Optional[str]:
 
 
 def _reserved_batch() -> int:
+    """Requests one decode step can hold: the scheduler's ``max_running_requests`` (bounded), which
+    also bounds every captured CUDA-graph batch."""
     try:
-        from sglang.srt.server_args import get_global_server_args
+        from sglang.srt.runtime_context import get_schedule
 
-        bound = getattr(get_global_server_args(), "cuda_graph_max_bs", None)
-    except Exception:  # server arguments not set (model built outside a server)
+        bound = get_schedule().max_running_requests
+    except Exception:  # no scheduler context (a model built outside a server)
         bound = None
-    return max(int(bound or 0), DEFAULT_RESERVED_BATCH)
+    return min(max(int(bound or 0), DEFAULT_RESERVED_BATCH), MAX_RESERVED_BATCH)
 
 
 def _after_prepare(result, self, *args, **kwargs):
