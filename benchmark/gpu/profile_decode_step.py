@@ -24,22 +24,22 @@ and AttnRes; ``SGLANG_HYBRID_UPSTREAM_OPS`` keeps every op we hook), ``ours`` (`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import glob
 import gzip
 import json
 import os
+import random
 import re
 import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
-import aiohttp
 import requests
 
-from sglang_hybrid.bench.client import RequestResult, send_generate
 from sglang_hybrid.bench.manifest import git_commit, git_dirty, machine_info, package_versions
 from sglang_hybrid.bench.server import LaunchedServer
 
@@ -122,23 +122,55 @@ def read_trace(directory: str, steps: int) -> Dict:
             "top_kernels": [{"name": n[:120], "op": categorise(n), "us_per_step": round(v / steps, 2)} for n, v in top]}
 
 
-async def _decode(base: str, C: int, input_len: int, output_len: int, seed: int, profile: Dict = None) -> List[RequestResult]:
-    rng = __import__("random").Random(seed)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        t0 = time.perf_counter()
-        results = [RequestResult(index=i, timestamp=0.0, input_len=input_len, output_len=output_len) for i in range(C)]
-        tasks = [asyncio.create_task(send_generate(session, base, [rng.randrange(3, 900) for _ in range(input_len)],
-                                                   output_len, results[i], t0)) for i in range(C)]
+@dataclass
+class Stream:
+    """One streamed request: ``ttft`` and ``gaps`` between token-carrying chunks (s), tokens received."""
+
+    ttft: Optional[float] = None
+    gaps: List[float] = field(default_factory=list)
+    tokens: int = 0
+    end: Optional[float] = None
+    error: Optional[str] = None
+
+
+def _stream(base: str, input_ids: List[int], output_len: int, out: Stream) -> Stream:
+    """``/generate`` with ``stream: true`` and ``ignore_eos`` (requests only: the GPU image has no aiohttp)."""
+    t0, last = time.perf_counter(), None
+    payload = {"input_ids": input_ids, "stream": True,
+               "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}
+    try:
+        with requests.post(f"{base}/generate", json=payload, stream=True, timeout=600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                n = int((json.loads(line[5:]).get("meta_info") or {}).get("completion_tokens", 0))
+                if n > out.tokens:
+                    now = time.perf_counter()
+                    if last is None:
+                        out.ttft = now - t0
+                    else:
+                        out.gaps.append(now - last)
+                    last, out.tokens = now, n
+        out.end = time.perf_counter() - t0
+    except Exception as e:
+        out.error = repr(e)
+    return out
+
+
+def _decode(base: str, C: int, input_len: int, output_len: int, seed: int, profile: Dict = None) -> List[Stream]:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 900) for _ in range(input_len)] for _ in range(C)]
+    results = [Stream() for _ in range(C)]
+    with ThreadPoolExecutor(C) as pool:
+        futures = [pool.submit(_stream, base, p, output_len, r) for p, r in zip(prompts, results)]
         if profile is not None:
-            while not all(r.ttft for r in results):  # every request decoding before the profiler starts
-                await asyncio.sleep(0.05)
-                if all(t.done() for t in tasks):
-                    break
-            await asyncio.get_running_loop().run_in_executor(None, lambda: requests.post(
-                f"{base}/start_profile", json=profile, timeout=60).raise_for_status())
-        await asyncio.gather(*tasks)
-    bad = [r.error for r in results if not r.success]
+            deadline = time.perf_counter() + 120
+            while any(r.ttft is None and r.error is None for r in results) and time.perf_counter() < deadline:
+                time.sleep(0.01)  # every prefill done: the profiled steps are decode steps
+            requests.post(f"{base}/start_profile", json=profile, timeout=60).raise_for_status()
+        results = [f.result() for f in futures]
+    bad = [r.error for r in results if r.error]
     if bad:
         raise RuntimeError(f"{len(bad)} request(s) failed: {bad[0]}")
     return results
@@ -160,17 +192,16 @@ def run_variant(name: str, model: str, args, log_dir: str) -> Dict:
     with LaunchedServer(model, server_args, env=env, timeout=args.boot_timeout,
                         log_path=os.path.join(log_dir, f"server-{name}.log")) as srv:
         base = srv.base_url
-        asyncio.run(_decode(base, max(args.concurrency), 64, 8, 0))  # warm-up: graphs and kernels compiled
+        _decode(base, max(args.concurrency), 64, 8, 0)  # warm-up: graphs and kernels compiled
         out["kernel_paths"] = _plugin_state(base).get("kernel_paths")
         for C in args.concurrency:
-            res = asyncio.run(_decode(base, C, args.input_len, args.output_len, C))
-            gaps = [g for r in res for g in r.itl]
+            res = _decode(base, C, args.input_len, args.output_len, C)
+            gaps = [g for r in res for g in r.gaps]
             row = {"itl_ms_p50": round(1e3 * statistics.median(gaps), 3),
-                   "tok_s": round(sum(r.output_tokens for r in res) / max(r.e2e_latency - r.ttft for r in res), 1)}
+                   "tok_s": round(sum(r.tokens for r in res) / max(r.end - r.ttft for r in res), 1)}
             d = os.path.join(prof_dir, f"c{C}")
-            asyncio.run(_decode(base, C, args.input_len, args.output_len, 100 + C,
-                                profile={"output_dir": d, "num_steps": args.steps, "activities": ["GPU"],
-                                         "profile_id": f"{name}-c{C}"}))
+            _decode(base, C, args.input_len, args.output_len, 100 + C,
+                    profile={"output_dir": d, "num_steps": args.steps, "activities": ["GPU"], "profile_id": f"{name}-c{C}"})
             time.sleep(2.0)
             row.update(read_trace(d, args.steps))
             out["by_concurrency"][str(C)] = row
