@@ -13,6 +13,8 @@ GPU activity) for ``--steps`` scheduler steps while they decode, and reads the t
 * ``step_us``: span of the profiled kernels divided by the steps (what one decode step costs on the GPU);
 * ``by_op_us``: kernel time per step by op family (KDA, MLA, MoE experts, MoE routing, AttnRes + norms,
   dense GEMMs, other), by kernel name (``CATEGORIES``); ``top_kernels``: the largest kernels;
+* ``copies_per_step``: memcpy / memset activity and copy kernels per step, by name (issue 41: copies
+  with no consumer should be none);
 * ``itl_ms``: median inter-token gap of the streamed requests (profiler off), ``tok_s``: decode tokens/s.
 
 Variants (each the same model, flags and requests): ``upstream`` (upstream's Triton MLA, KDA, routing
@@ -116,10 +118,19 @@ def read_trace(directory: str, steps: int) -> Dict:
         by_cat[categorise(e["name"])] = by_cat.get(categorise(e["name"]), 0.0) + e["dur"]
         by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"]
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    # copies per step: memcpy / memset activity and copy kernels (torch's elementwise copy, .contiguous())
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset") and "dur" in e]
+    copies += [e for e in kernels if re.search(r"copy|CatArray|cat_", e["name"], re.IGNORECASE)]
+    copy_names: Dict[str, int] = {}
+    for e in copies:
+        copy_names[e["name"][:100]] = copy_names.get(e["name"][:100], 0) + 1
     return {"trace": os.path.basename(paths[-1]), "kernels": len(kernels), "step_us": span / steps,
             "busy_us": sum(by_cat.values()) / steps,
             "by_op_us": {k: round(v / steps, 2) for k, v in sorted(by_cat.items())},
-            "top_kernels": [{"name": n[:120], "op": categorise(n), "us_per_step": round(v / steps, 2)} for n, v in top]}
+            "top_kernels": [{"name": n[:120], "op": categorise(n), "us_per_step": round(v / steps, 2)} for n, v in top],
+            "copies_per_step": round(len(copies) / steps, 2),
+            "copy_us_per_step": round(sum(e["dur"] for e in copies) / steps, 2),
+            "copies_by_name": {n: round(c / steps, 2) for n, c in sorted(copy_names.items(), key=lambda kv: -kv[1])}}
 
 
 @dataclass
