@@ -225,6 +225,24 @@ ANCHORS: List[Anchor] = [
         snippet="return bank.forward(",
     ),
     Anchor(
+        "sglang.srt.layers.attn_residual._aggregate_fused_add",
+        "attn_res_hook: AROUND hook (the aggregation after a pending residual add; returns (normed, prefix))",
+        snippet="prefix_b: torch.Tensor,",
+    ),
+    Anchor(
+        "sglang.srt.layers.moe.topk.biased_grouped_topk",
+        "routing_hook: AROUND hook on the platform's biased grouped top-k (an alias bound at import)",
+    ),
+    Anchor(
+        "sglang.srt.layers.moe.topk.fused_topk",
+        "routing_hook: AROUND hook on the softmax top-k (Qwen3.8)",
+        snippet="gating_output: torch.Tensor,",
+    ),
+    Anchor(
+        "sglang.srt.speculative.eagle_utils.verify_tree_greedy_func",
+        "controlled_acceptance: AROUND hook (benchmark-only forced acceptance) on the name eagle_utils imports",
+    ),
+    Anchor(
         "sglang.srt.models.kimi_k3.KimiK3DeltaAttention._prepare_fused_decode",
         "kda_fused_decode: AFTER hook sets the model's fused-decode ready flag for our kernel's contract",
         snippet="self._kda_fused_decode_ready = True",

@@ -132,6 +132,18 @@ class TestRegistration(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, r"unknown op\(s\) \['mla'\]"):
                 plugin._upstream_ops()
 
+    def test_every_upstream_hook_target_has_an_anchor(self):
+        """Each ``HookRegistry`` registration on an upstream (``sglang.*``) name is anchor-checked, so a
+        changed upstream fails at start-up, not in the hook (``torch.*`` targets are not upstream's)."""
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        from sglang_hybrid.anchors import ANCHORS
+
+        plugin.register()
+        targets = {t for t in HookRegistry._hooks if t.startswith("sglang.")}
+        self.assertGreater(len(targets), 20)
+        self.assertEqual(sorted(targets - {a.target for a in ANCHORS}), [])
+
     def test_entry_point_is_declared(self):
         eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
         self.assertEqual(eps.get("sglang_hybrid"), "sglang_hybrid.plugin:register")
