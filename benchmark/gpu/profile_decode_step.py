@@ -195,7 +195,7 @@ def _plugin_state(base: str) -> Dict:
 def run_variant(name: str, model: str, args, log_dir: str) -> Dict:
     flags, env = VARIANTS[name]
     prof_dir = tempfile.mkdtemp(prefix=f"prof-{name}-")
-    server_args = ["--load-format", "dummy", "--dtype", "bfloat16", "--cuda-graph-max-bs", str(max(args.concurrency)),
+    server_args = ["--load-format", "dummy", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", str(max(args.concurrency)),
                    "--max-running-requests", str(max(args.concurrency)), "--mem-fraction-static", "0.85",
                    "--context-length", str(args.input_len + args.output_len + 64), *flags]
     env = {**env, "SGLANG_TORCH_PROFILER_DIR": prof_dir}

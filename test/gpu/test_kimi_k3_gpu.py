@@ -9,11 +9,10 @@ from serving_checks import GpuServingChecks
 from sglang.test.test_utils import CustomTestCase
 
 K3_ARGS = ["--attention-backend", "sgl_hybrid_mla", "--linear-attn-backend", "sgl_hybrid"]
-# Decode runs the one-launch fused KDA step (layers/attention/kda_fused_decode.py); the unfused
-# recurrent kernel ("kda_decode=triton") serves only where the fused one declines.
+# Decode runs a one-launch fused KDA step (layers/attention/kda_fused_decode.py): ours ("kda_decode=fused"),
+# or upstream's CUDA kernel where it covers the step ("kda_decode=upstream_cuda_fused").
 K3_CALLS = ("mla_decode_backend=sgl_hybrid", "mla_extend_backend=sgl_hybrid", "kda_decode=fused",
             "kda_extend=triton", "moe_routing_hook=sgl_hybrid", "attn_res_hook=sgl_hybrid")
-UNFUSED_CALLS = tuple(c for c in K3_CALLS if c != "kda_decode=fused") + ("kda_decode=triton",)
 
 
 class TestKimiK3TinyGPU(GpuServingChecks, CustomTestCase):
@@ -26,20 +25,22 @@ class TestKimiK3TinyGPU(GpuServingChecks, CustomTestCase):
 
 
 class TestKimiK3ShapedGPU(GpuServingChecks, CustomTestCase):
+    """Our fused KDA decode also where upstream's CUDA one covers the step (12 heads of 128)."""
+
     fixture = "kimi-k3-shaped"
     server_args = K3_ARGS
     our_calls = K3_CALLS
+    env = {"SGLANG_HYBRID_KDA_FUSED_DECODE": "ours"}
 
 
-class TestKimiK3ShapedUnfusedDecodeGPU(GpuServingChecks, CustomTestCase):
-    """Our kernels with the fused KDA decode left out: conv, our recurrent kernel, upstream's o_norm.
-    Both this and the fused class must match the same fixtures."""
+class TestKimiK3ShapedUpstreamFusedDecodeGPU(GpuServingChecks, CustomTestCase):
+    """The default: steps upstream's CUDA fused KDA decode covers go to it (the faster on NVIDIA),
+    our kernels elsewhere. Both this and the class above must match the same fixtures."""
 
     fixture = "kimi-k3-shaped"
     server_args = K3_ARGS
-    our_calls = UNFUSED_CALLS
-    env = {"SGLANG_HYBRID_UPSTREAM_OPS": "kda_fused_decode"}
-    check_taps = False  # taps record extend passes only, which this class shares with the fused one
+    our_calls = tuple(c for c in K3_CALLS if c != "kda_decode=fused") + ("kda_decode=upstream_cuda_fused",)
+    check_taps = False  # taps record extend passes only, which this class shares with the one above
 
 
 class TestKimiK3ShapedUpstreamKernelsGPU(GpuServingChecks, CustomTestCase):

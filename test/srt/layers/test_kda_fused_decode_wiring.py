@@ -124,3 +124,28 @@ def test_prepare_hook_leaves_cpu_layers_unfused():
     assert module._kda_fused_decode_ready is False and not hasattr(layer, "_sgl_hybrid_fused_decode")
     assert {c.op: c for c in chosen_paths()}["kda_decode_fused"].impl == "unfused"
     assert "CPU" in {c.op: c for c in chosen_paths()}["kda_decode_fused"].reason
+
+
+@pytest.mark.parametrize("always_ours", [False, True])
+def test_steps_upstreams_cuda_kernel_covers_go_to_it_unless_forced(always_ours):
+    """Where the model published upstream's CUDA kernel inputs and its ``covered()`` accepts the step,
+    the step is handed back (upstream's kernel is the faster on NVIDIA), unless
+    ``SGLANG_HYBRID_KDA_FUSED_DECODE=ours``."""
+    from unittest import mock
+
+    from sglang.kernels.ops.attention import kda_fused_decode as upstream
+
+    layer, backend, cache, mixed_qkv, a, b, tracked = _step(2)
+    layer._k3_fused_decode_args = ("upstream's static inputs",)
+    layer._sgl_hybrid_fused_decode = FusedDecodeStatic(layer._sgl_hybrid_fused_decode.norm_weight, 1e-5, always_ours)
+    ssm0 = cache.temporal.clone()
+    before = call_counts().get("kda_decode=upstream_cuda_fused", 0)
+    with mock.patch.object(upstream, "covered", return_value=True) as covered:
+        out = try_fused_decode(backend, layer, None, mixed_qkv, a, b)
+    if always_ours:
+        assert out is not None and layer._k3_onorm_consumed and not torch.equal(cache.temporal, ssm0)
+        covered.assert_not_called()
+    else:
+        assert out is None and not layer._k3_onorm_consumed and torch.equal(cache.temporal, ssm0)
+        assert covered.call_args.args[2].shape == (B, H)  # beta as upstream's backend passes it: b[0]
+        assert call_counts().get("kda_decode=upstream_cuda_fused", 0) == before + 1

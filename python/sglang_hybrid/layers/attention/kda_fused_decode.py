@@ -22,13 +22,18 @@ output written into its buffer; seeds digest, item 5):
   and the runtime tensors are inside the contract, else returns ``None`` and the ordinary
   path (conv + our recurrent kernel, the model's ``o_norm``) serves the step.
 
-``SGLANG_HYBRID_UPSTREAM_OPS=kda_fused_decode`` leaves the hook out (A/B runs). Counters:
-``kda_decode=fused`` per call (``/get_server_info``); the start-up table names the choice.
+Where upstream's own CUDA fused kernel covers a step (it publishes ``_k3_fused_decode_args`` for 3 /
+6 / 12 heads of 128 and its ``covered()`` accepts the tensors), that step goes to it: on NVIDIA it is
+the faster of the two (:func:`_upstream_covers`); ``SGLANG_HYBRID_KDA_FUSED_DECODE=ours`` keeps ours
+there too. ``SGLANG_HYBRID_UPSTREAM_OPS=kda_fused_decode`` leaves the hook out (A/B runs). Counters:
+``kda_decode=fused`` (ours) and ``kda_decode=upstream_cuda_fused`` (handed to upstream's) per call
+(``/get_server_info``); the start-up table names the choice.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 PREPARE_TARGET = "sglang.srt.models.kimi_k3.KimiK3DeltaAttention._prepare_fused_decode"
 OP = "kda_decode_fused"
+MODE_ENV = "SGLANG_HYBRID_KDA_FUSED_DECODE"
 # Workspace rows reserved before capture, in requests (a larger eager batch grows it then).
 DEFAULT_RESERVED_BATCH = 512
 MAX_RESERVED_BATCH = 8192
@@ -49,10 +55,29 @@ MAX_RESERVED_BATCH = 8192
 @dataclass(frozen=True)
 class FusedDecodeStatic:
     """What the kernel needs besides the step's tensors: the gated output norm's weight ``[V]``
-    and epsilon (``o_norm``, sigmoid gate)."""
+    and epsilon (``o_norm``, sigmoid gate); ``always_ours``: take steps that upstream's CUDA kernel
+    covers too (``SGLANG_HYBRID_KDA_FUSED_DECODE=ours``)."""
 
     norm_weight: torch.Tensor
     eps: float
+    always_ours: bool = False
+
+
+def _upstream_covers(layer, mixed_qkv, a, b, conv, ssm, idx, gate) -> bool:
+    """Whether upstream's CUDA fused decode (``sglang.kernels.ops.attention.kda_fused_decode``, a
+    vendored kernel for 3 / 6 / 12 heads of 128, BF16) takes this step: the model published its
+    static inputs (``_k3_fused_decode_args``) and its ``covered()`` accepts the tensors. Where it
+    does, it is the faster one-launch step on NVIDIA (H100, one GPU's share of K3 at TP8, C = 1 / 8 /
+    32: 6.1 / 7.9 / 18.6 µs per layer against our Triton kernel's 8.8 / 11.5 / 28.0;
+    ``benchmark/gpu/profile_decode_step.py``, docs/benchmarks.md)."""
+    if getattr(layer, "_k3_fused_decode_args", None) is None:
+        return False
+    try:
+        from sglang.kernels.ops.attention import kda_fused_decode as upstream
+
+        return bool(upstream.covered(mixed_qkv, a, b.reshape(-1, b.shape[-1]), conv, ssm, idx, gate))
+    except Exception:  # not importable here (no JIT toolchain): ours serves
+        return False
 
 
 def static_contract(layer, o_norm) -> Optional[str]:
@@ -107,11 +132,16 @@ def _after_prepare(result, self, *args, **kwargs):
         return result
     from sgl_hybrid_kernel.kda.fused_decode import reserve_workspace
 
-    layer._sgl_hybrid_fused_decode = FusedDecodeStatic(self.o_norm.weight, float(self.o_norm.eps))
+    mode = os.environ.get(MODE_ENV, "auto").strip().lower()
+    if mode not in ("auto", "ours"):
+        raise ValueError(f"{MODE_ENV} must be 'auto' or 'ours', got {mode!r}")
+    layer._sgl_hybrid_fused_decode = FusedDecodeStatic(self.o_norm.weight, float(self.o_norm.eps), mode == "ours")
     self._kda_fused_decode_ready = True  # the model now offers the output-norm gate on decode
     reserve_workspace(layer.conv_weights.device, _reserved_batch(), layer.num_v_heads, layer.head_v_dim)
-    record_choice(OP, "sgl_hybrid", "conv + gates + recurrence + gated RMSNorm in one launch "
-                  "(when the decode kernel is sgl_hybrid)", log=logger)
+    upstream_too = getattr(layer, "_k3_fused_decode_args", None) is not None and mode == "auto"
+    record_choice(OP, "sgl_hybrid", "conv + gates + recurrence + gated RMSNorm in one launch when the decode "
+                  "kernel is sgl_hybrid" + ("; steps upstream's CUDA fused kernel covers go to it (faster on NVIDIA; "
+                                           f"{MODE_ENV}=ours keeps ours)" if upstream_too else ""), log=logger)
     return result
 
 
@@ -144,6 +174,9 @@ def try_fused_decode(backend, layer, forward_batch, mixed_qkv, a, b) -> Optional
             or ssm.dtype != torch.float32 or conv.dim() != 3 or conv.stride(-1) != 1
             or a.numel() != B * H * layer.head_k_dim or b.numel() != B * H or gate.numel() != B * H * V):
         return None
+    if not static.always_ours and _upstream_covers(layer, mixed_qkv, a, b, conv, ssm, idx, gate):
+        count_call("kda_decode", "upstream_cuda_fused")
+        return None  # upstream's forward_decode runs its CUDA kernel on the same stash
     from sgl_hybrid_kernel.kda.fused_decode import kda_fused_decode
 
     out = mixed_qkv.new_empty((1, B, H, V))
