@@ -70,7 +70,7 @@ def test_hook_routes_gpu_calls_with_select_experts_keywords(monkeypatch):
     """select_experts calls biased_grouped_topk with keywords only; on a (declared) GPU the hook answers."""
     x, bias = _logits(3)
     monkeypatch.setattr(routing_hook, "device_kind", lambda t: "cuda")
-    monkeypatch.setattr(routing_hook, "fused_moe_routing", lambda *a: routing_hook.fused_moe_routing_triton(*a))
+    monkeypatch.setattr(routing_hook, "fused_moe_routing", lambda *a, **k: routing_hook.fused_moe_routing_triton(*a, **k))
     w, ids = routing_hook._around_biased_grouped_topk(
         lambda *a, **k: pytest.fail("in-contract call reached upstream"), hidden_states=torch.zeros(M, 8),
         gating_output=x, correction_bias=bias, topk=TOPK, renormalize=True, num_expert_group=8, topk_group=4,
@@ -80,3 +80,21 @@ def test_hook_routes_gpu_calls_with_select_experts_keywords(monkeypatch):
     a, b = _by_id(w, ids), _by_id(ref_w, ref_i)
     assert torch.equal(a[1], b[1])
     torch.testing.assert_close(a[0], b[0], rtol=1e-5, atol=1e-6)  # scale not applied: upstream folds it later
+
+
+def test_hook_routes_without_building_a_layout_nobody_reads(monkeypatch):
+    """Upstream's MoE runner builds its own expert-sorted layout: the hook's routing is one launch (the
+    layout kernel would have no consumer), with the same experts and weights as the two-launch call."""
+    from sgl_hybrid_kernel.moe import routing as routing_mod
+
+    x, bias = _logits(3)
+    full = routing_mod.fused_moe_routing_triton(x, TOPK, "sigmoid", bias, 8, 4, True, 2.5)
+    assert full.sorted_ids is not None  # the kernel package's default still builds it
+
+    def no_layout(*args, **kwargs):
+        raise AssertionError("the layout kernel was launched for upstream's runner")
+
+    monkeypatch.setattr(routing_mod, "moe_sorted_layout_kernel", no_layout)
+    w, ids = route(x, TOPK, True, "sigmoid", bias, 8, 4, 2.5, True, impl="triton")
+    assert torch.equal(ids, full.ids)
+    torch.testing.assert_close(w, full.weights, rtol=0, atol=0)

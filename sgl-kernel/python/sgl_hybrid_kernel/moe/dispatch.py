@@ -36,11 +36,12 @@ def fused_moe_routing(
     routed_scaling_factor: float = 1.0,
     shared_expert_weight: Optional[float] = None,
     block_size: int = 16,
+    layout: bool = True,
 ) -> MoeRouting:
     """Route ``M`` tokens and build the expert-sorted, block-padded grouped-GEMM layout.
 
-    Arguments as ``moe.routing_reference.route_tokens_reference`` plus ``block_size``.
-    Returns ``moe.routing.MoeRouting``.
+    Arguments as ``moe.routing_reference.route_tokens_reference`` plus ``block_size``; ``layout=False``
+    routes only (the layout fields are ``None``). Returns ``moe.routing.MoeRouting``.
 
     Raises:
         ValueError: bad ``top_k``, grouping or ``scoring_func``.
@@ -55,11 +56,14 @@ def fused_moe_routing(
     elif M * kout > MAX_ENTRIES or E >= 65535:
         why = f"outside the Triton contract: {M * kout} entries / {E} experts"
     else:
-        record_choice("moe_routing", "triton", f"{kind}: moe_gating_topk_kernel + moe_sorted_layout_kernel (2 launches)", log=logger)
+        record_choice("moe_routing", "triton", f"{kind}: moe_gating_topk_kernel" + (
+            " + moe_sorted_layout_kernel (2 launches)" if layout else " (1 launch: the caller builds its own layout)"), log=logger)
         return fused_moe_routing_triton(router_logits, top_k, scoring_func, correction_bias, num_expert_group, topk_group,
-                                        renormalize, routed_scaling_factor, shared_expert_weight, block_size)
+                                        renormalize, routed_scaling_factor, shared_expert_weight, block_size, layout=layout)
     record_choice("moe_routing", "torch", why, log=logger)
     w, ids = route_tokens_reference(router_logits, top_k, scoring_func, correction_bias, num_expert_group, topk_group,
                                     renormalize, routed_scaling_factor, shared_expert_weight)
+    if not layout:
+        return MoeRouting(w, ids, None, None, None)
     sorted_ids, block_expert, num_rows = expert_sorted_layout_reference(ids, E + int(shared_expert_weight is not None), block_size)
     return MoeRouting(w, ids, sorted_ids, block_expert, num_rows)

@@ -16,13 +16,14 @@ MAX_ENTRIES = 4096  # M * k' entries of the one-program layout kernel (M <= 160 
 class MoeRouting(NamedTuple):
     """Routing metadata: ``weights [M, k'] FP32``, ``ids [M, k'] int32`` (k' = top_k (+1 shared)),
     ``sorted_ids [cap] int32`` (sentinel ``M * k'``), ``block_expert [cap // block_size] int32`` (-1 unused),
-    ``num_rows [1] int32`` (rows of the layout in use)."""
+    ``num_rows [1] int32`` (rows of the layout in use). The three layout fields are ``None`` when the
+    caller asked for the routing only (``layout=False``)."""
 
     weights: torch.Tensor
     ids: torch.Tensor
-    sorted_ids: torch.Tensor
-    block_expert: torch.Tensor
-    num_rows: torch.Tensor
+    sorted_ids: Optional[torch.Tensor]
+    block_expert: Optional[torch.Tensor]
+    num_rows: Optional[torch.Tensor]
 
 
 def fused_moe_routing_triton(
@@ -39,8 +40,12 @@ def fused_moe_routing_triton(
     num_warps: int = 4,
     layout_warps: int = 8,
     layout_block: int = 1024,
+    layout: bool = True,
 ) -> MoeRouting:
     """Gating + top-k + shared slot + renormalisation (launch 1) and the expert-sorted layout (launch 2).
+
+    ``layout=False``: launch 1 only (a caller whose MoE runner builds its own layout, as upstream's
+    does: launch 2 would have no consumer).
 
     Arguments as ``routing_reference.route_tokens_reference`` plus ``block_size``
     (rows per grouped-GEMM block); ``num_warps`` / ``layout_warps`` / ``layout_block``
@@ -68,10 +73,15 @@ def fused_moe_routing_triton(
     device = router_logits.device
     weights = torch.empty(M, kout, dtype=torch.float32, device=device)
     ids = torch.empty(M, kout, dtype=torch.int32, device=device)
-    cap = sorted_layout_capacity(N, n_experts, block_size)
-    sorted_ids = torch.empty(cap, dtype=torch.int32, device=device)
-    block_expert = torch.empty(cap // block_size, dtype=torch.int32, device=device)
-    num_rows = torch.empty(1, dtype=torch.int32, device=device)
+    if not layout:
+        sorted_ids = block_expert = num_rows = None
+    else:
+        cap = sorted_layout_capacity(N, n_experts, block_size)
+        sorted_ids = torch.empty(cap, dtype=torch.int32, device=device)
+        block_expert = torch.empty(cap // block_size, dtype=torch.int32, device=device)
+        num_rows = torch.empty(1, dtype=torch.int32, device=device)
+    if M == 0 and not layout:
+        return MoeRouting(weights, ids, None, None, None)
     if M == 0:
         sorted_ids.fill_(0)
         block_expert.fill_(-1)
@@ -90,6 +100,8 @@ def fused_moe_routing_triton(
         HAS_BIAS=correction_bias is not None, RENORM=renormalize, SHARED=int(shared),
         num_warps=num_warps,
     )
+    if not layout:
+        return MoeRouting(weights, ids, None, None, None)
     ne_pad = triton.next_power_of_2(n_experts)
     nw = triton.cdiv(M, 64)
     bits = torch.empty(nw * ne_pad, dtype=torch.int64, device=device)
