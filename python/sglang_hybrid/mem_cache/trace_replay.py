@@ -209,7 +209,8 @@ def _instance(cfg: ReplayConfig, total_hint: int, store=None):
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache, checkpoint_positions
+    from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache
+    from sglang_hybrid.mem_cache.placement import checkpoint_positions
 
     cache, alloc, pool = _build_cache(cfg, total_hint)
     if store is not None:

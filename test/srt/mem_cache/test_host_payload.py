@@ -9,7 +9,7 @@ import unittest
 
 import torch
 
-from sglang_hybrid.mem_cache.hybrid_radix_cache import HostPayloadStore
+from sglang_hybrid.mem_cache.host_tier import HostPayloadStore
 
 PAGE, RATIO, LAYERS, SLOTS = 8, 4, 2, 64
 

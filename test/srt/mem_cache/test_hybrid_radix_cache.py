@@ -21,11 +21,8 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from sglang_hybrid.mem_cache.fake_pools import build_cache
-from sglang_hybrid.mem_cache.hybrid_radix_cache import (
-    HybridRadixCache,
-    checkpoint_grid,
-    checkpoint_positions,
-)
+from sglang_hybrid.mem_cache.hybrid_radix_cache import HybridRadixCache
+from sglang_hybrid.mem_cache.placement import checkpoint_grid, checkpoint_positions
 
 PAGE = 16
 GRID = 64
