@@ -18,7 +18,9 @@ from the paged cache where upstream's ``forward_extend`` has just written them:
 ``forward_extend`` is wrapped to hand over ``out_cache_loc``). Calls outside our
 contract go to upstream's kernels: page size > 1, attention sinks,
 ``score_mod``, logit soft-capping, different K/V scales, non-MLA layers, tree
-verify (custom masks), DCP extend, and extend under CUDA-graph capture. Decode is
+verify (custom masks), DCP extend calls other than upstream's two shard calls (the new rows over
+themselves, and over this rank's prefix shard: both ours, upstream merges them by their LSE), and
+extend under CUDA-graph capture. Decode is
 captured too: the page table is then as wide as the context (``max_context_len``), built
 on the device inside the graph.
 

@@ -16,7 +16,7 @@ docs/kernels.md):
 Cost: the summaries redo the group's recurrence on ``V + K`` columns, so the state
 pass does ~3x the arithmetic of the plain pass in exchange for ``G``-fold parallelism
 and a ``G``-fold shorter serial chain. The plain-torch twin of the same mode is
-``group_scan_reference.gated_delta_group_scan_reference``.
+``group_scan_reference.prefill_group_scan_torch`` (per sequence: ``group_scan_sequence``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ BT = 64  # tokens per chunk
 # ChunkLaunch.cumsum_row_loop applies from this Triton on: 3.8 lowers the gate cumsum's tl.cumsum with
 # branches and twice 3.6's shuffles (H200, B=8 T=16K: 518 us at 64 channels / 4 warps; the row loop 322 at
 # 128 / 2), while under 3.6 tl.cumsum at 64 / 4 is the faster form (339 vs the row loop's 399 us; 3.7 was not
-# measured; docs/kernels.md, eighteenth round)
+# measured; docs/kernels.md at tag lab-history-2026-12-07, eighteenth round)
 CUMSUM_ROW_LOOP_MIN_TRITON = (3, 7)
 BC = 16  # rows per diagonal block of the in-chunk inverse; checkpoint grid
 

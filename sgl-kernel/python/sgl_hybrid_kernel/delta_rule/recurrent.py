@@ -427,7 +427,7 @@ def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
     8ee1b9e's package in the same process; sm_90 T=4 4-column binary 1,224 -> 1,032 SASS instructions, 116 -> 87
     shuffles): KDA T=4 B = 1 / 2 / 3 / 4 / 8: 3.10 / 3.60 / 4.22 / 4.44 / 6.36 -> 2.90 / 3.38 / 3.93 / 4.14 / 5.53 µs,
     1.17 / 1.19 / 1.24 / 1.15 / 1.07x their decode (were 1.26 / 1.27 / 1.32 / 1.24 / 1.24x). Issue 4 (twenty-second
-    round, docs/kernels.md; KDA: twenty-third round)."""
+    round, docs/kernels.md at tag lab-history-2026-12-07; KDA: twenty-third round)."""
     if os.environ.get("SGL_HYBRID_TOKPREP", "1") == "0":
         return False
     if gate_kind != GATE_GDN and os.environ.get("SGL_HYBRID_TOKPREP_KDA", "1") == "0":
@@ -497,7 +497,7 @@ def use_seq_key_sums(device: torch.device, state_layout: str, key_stride: int, h
     (every call of a window, with or without a snapshot pool, must answer alike: a replay adds as its verify
     did) -- on the CUDA archs the compile gate checks (:data:`XRED_ARCHS`), and in the interpreter (so the CPU tests
     run it). Elsewhere (ROCm, other key widths, unaligned pools) the view would convert layouts and could group a
-    replay's sums unlike its verify's: off. H200, Triton 3.8, 2026-12-02 (docs/kernels.md, nineteenth round): KDA
+    replay's sums unlike its verify's: off. H200, Triton 3.8, 2026-12-02 (docs/kernels.md at tag lab-history-2026-12-07, nineteenth round): KDA
     decode B=1 2.53 -> 2.48 us, KDA verify T=4 B = 32 / 128 17.17 / 50.98 -> 16.05 / 47.70 (with the lanes kernel's
     fold); under Triton 3.6 the binaries are unchanged."""
     if not xred_shape_ok(state_layout, key_stride, head_k_dim, 4, num_warps, xred_aligned(state)):
@@ -576,7 +576,7 @@ def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: i
     ``prepped``: a plain window the one-warp kernel would prepare (``TOKPREP``, :func:`use_tokprep`), either gate, never
     takes the lanes kernel: the prepared one-warp kernel (since its first-level reduce-scatter without selects) was
     faster at every batch timed. H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_prepped_lanes*.json``,
-    ``..._verify_swap_tiles.json``, docs/kernels.md twenty-third round), lanes -> one-warp prepared at its
+    ``..._verify_swap_tiles.json``, docs/kernels.md at tag lab-history-2026-12-07 twenty-third round), lanes -> one-warp prepared at its
     :func:`pick_wide_tile` tile, µs: KDA T=4 B = 12 / 16 / 24 / 32 / 64 / 128 / 160 8.57 / 9.46 / 13.99 / 15.76 / 27.08 /
     46.88 / 56.41 -> 7.07 / 9.15 / 11.13 / 13.69 / 22.66 / 41.11 / 50.72 (8 columns); GDN T=5 B = 24 / 32 / 64 / 96 / 128 /
     160 40.42 / 51.38 / 91.51 / 129.42 / 179.01 / 232.40 -> 36.78 / 47.61 (8 columns) / 88.09 / 129.42 / 168.03 / 211.21
@@ -624,11 +624,11 @@ def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool
     ``launch_pdl``): it loads its state slice and replays the previous window's records while the
     prologue runs, and waits (``gdc_wait``) only before reading the prologue's outputs. NVIDIA sm_90 and
     newer with a Triton that has grid dependency control; never on ROCm or CPU. ``SGL_HYBRID_LANES_PDL=0``
-    turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md, tenth round).
+    turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md at tag lab-history-2026-12-07, tenth round).
 
     Not for a plain window with a per-head decay (GDN; ``plain`` and not ``per_channel_decay``) under
     Triton >= 3.7 (:data:`LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON`): H200, Triton 3.8, 2026-12-02
-    (docs/kernels.md, nineteenth round), GDN T=5 B = 32 / 128 60.74 / 224.23 us with it, 50.93 / 177.32
+    (docs/kernels.md at tag lab-history-2026-12-07, nineteenth round), GDN T=5 B = 32 / 128 60.74 / 224.23 us with it, 50.93 / 177.32
     without (the lanes kernel itself 58.6 -> 48.4 us, its binary the same apart from the wait); KDA's plain
     windows 16.50 / 47.85 with it, 17.52 / 49.67 without, GDN deferred windows 68.49 / 68.59. Triton 3.6
     gained from it in every mode (GDN plain B=32 49.40 vs 49.85), so it keeps it. The narrow tile of a plain GDN
@@ -758,7 +758,7 @@ def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: 
       such wave, and from many waves on, 16 columns win; KDA's 16-column prepared programs (per-key decays, no
       fix-up-free gate there) were slower than 8 at every batch. Measured with 48 GDN value heads (B = 1 -> 4,
       2 -> 8, 4 -> 16, 5-43 -> 8, from 44 -> 16) and 12 KDA heads (B = 1-4 -> 4, from 5 -> 8). H200, Triton 3.8,
-      2026-12-02 (``2026-12-02-h200-verify_tokprep_*.json``, docs/kernels.md twenty-second round), GDN T=5, µs at 4 / 8 /
+      2026-12-02 (``2026-12-02-h200-verify_tokprep_*.json``, docs/kernels.md at tag lab-history-2026-12-07 twenty-second round), GDN T=5, µs at 4 / 8 /
       16 columns: B=1 4.38 / 4.55-4.56 / 5.94, B=2 6.63 / 6.12-6.19 / 6.89, B=3 8.87 / 8.41-8.47 / 8.75-8.91, B=4 10.65 /
       10.52-10.61 / 9.40-9.77, B=5 - / 11.55-11.62 / 13.66, B=6 - / 12.92 / 14.81-14.91, B=8 18.51 / 16.12-16.68 /
       16.72-17.32, B=16 - / 28.42-28.52 / 30.41-30.94; twenty-third round (``..._verify_swap_tiles.json``,

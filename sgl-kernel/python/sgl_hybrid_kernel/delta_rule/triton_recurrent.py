@@ -265,7 +265,7 @@ def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexp
     ``SEQ`` on wherever ``XRED`` is (under Triton 3.6 also identical to ``tl.sum``, whose in-thread part 3.7+ makes
     a tree). Shuffles per token at 8 columns: 16 + 2 instead
     of 80 (``2 BV x 5``). Returns ``(x, y)`` ``[32, 1]``: the sums of column :func:`_xred_col` in every lane.
-    Issue 4 (sixteenth round, docs/kernels.md)."""
+    Issue 4 (sixteenth round, docs/kernels.md at tag lab-history-2026-12-07)."""
     tl.static_assert(BK % 32 == 0 and BV <= 16, "XRED: BK a multiple of 32, at most 16 columns")
     Px = _lane_key_sums(X)  # in index order, as _key_sum's SEQ
     Py = _lane_key_sums(Y)
@@ -594,7 +594,7 @@ def _verify_window_prep(q_ptr, k_ptr, f_ptr, b_ptr, i_b, i_h, i_hv, A, dtb, lane
     With a per-channel gate (KDA, ``GATE`` 0 or 1) ``G`` is ``[32, TG]``, beta only (column ``t``), and a fifth
     tile ``DT`` ``[BK, TG]`` holds every token's per-key decays ``e^{g_t}`` in the state's key layout (the same
     formulas as :func:`_verify_per_token`, ``FAST`` included); with GDN's per-head gate ``DT`` is ``KT`` (unused).
-    Issue 4 (twenty-second round, docs/kernels.md; KDA: twenty-third round)."""
+    Issue 4 (twenty-second round, docs/kernels.md at tag lab-history-2026-12-07; KDA: twenty-third round)."""
     tl.static_assert(T >= 2 and T <= 10, "TOKPREP: windows of 2 to 10 tokens")
     R_: tl.constexpr = BK // 32
     NS: tl.constexpr = 8 if 3 * T <= 8 else (16 if 3 * T <= 16 else 32)
