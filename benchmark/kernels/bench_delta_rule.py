@@ -1442,7 +1442,7 @@ def _hbm_rot(batch, slot_bytes, slots):
 
 def gdn_verify_window(B, T=5, slots=1024, H=16, HV=48, K=128, V=128):
     """Inputs of a Qwen3.8 GDN verify window on SGLang's V-major pool for the one-off profiling scripts
-    (prof_deferred_gap.py, exp_persistent_lanes.py): a pool >> L2, ``_hbm_rot`` rotated slot sets (sets
+    (prof_deferred_gap.py, exp_persistent_lanes.py at tag lab-history-2026-12-07): a pool >> L2, ``_hbm_rot`` rotated slot sets (sets
     the module's ``ROT`` for ``graph_time_us``), BF16 q / k / v / gate / beta, an output buffer."""
     global ROT
     w = types.SimpleNamespace(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B * T, slots=slots)

@@ -49,7 +49,7 @@ FLAG_REPLAY_PREV = 8  # first replay the previous window's accepted prefix from 
 # Cache hints for the state pool (and snapshot pool) accesses of every recurrent kernel: a step reads
 # and writes each state exactly once, so the load is marked evict-first and the store streaming
 # (``.cs``); the next access to a slot is a later step, long after L2 has turned over. On the H200
-# (benchmark/kernels/exp_lanes_write.py, issue 4) this let the GDN verify window's state write overlap
+# (benchmark/kernels/exp_lanes_write.py at tag lab-history-2026-12-07, issue 4) this let the GDN verify window's state write overlap
 # its compute: lanes kernel, T=5, B=32, final state written, 79-88 -> 65-74 us; the plain state copy
 # was 1-5 % faster. On CDNA Triton lowers them to the non-temporal bits (untested on hardware).
 STATE_LOAD_EVICTION = tl.constexpr("evict_first")
