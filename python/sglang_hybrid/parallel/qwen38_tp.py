@@ -36,11 +36,8 @@ load only its rows (``ShardSpec.ckpt_index``, as the Kimi K3 reference does).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import os
-from typing import Iterable, Tuple
 
 import torch
 from torch import nn
@@ -233,57 +230,3 @@ def shard_qwen38_text_model(model, spec: ParallelSpec):
         model.layers[0].mlp.inter,
     )
     return model
-
-
-class _ReplicatedTable(nn.Module):
-    """``[vocab, D]`` embedding held whole on every rank (model-level runs, no upstream TP group)."""
-
-    def __init__(self, vocab_size: int, hidden_size: int, *args, **kwargs):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.embedding(input_ids, self.weight)
-
-
-@contextlib.contextmanager
-def _replicated_vocab():
-    # Qwen38TextModel builds upstream's VocabParallelEmbedding, which needs a
-    # published SGLang runtime (a server); a model-level run holds the table whole.
-    from sglang_hybrid.models.qwen38 import model as qwen_model
-
-    original = qwen_model.VocabParallelEmbedding
-    qwen_model.VocabParallelEmbedding = _ReplicatedTable
-    try:
-        yield
-    finally:
-        qwen_model.VocabParallelEmbedding = original
-
-
-def load_qwen38_text_model(model_dir: str, spec: ParallelSpec = ParallelSpec()) -> Tuple[nn.Module, torch.Tensor]:
-    """Build and load the text model of a Qwen3.8 checkpoint, cut to ``spec``'s rank.
-
-    Returns ``(model, lm_head [vocab, D])``; the model's ``parallel`` attribute is ``spec``.
-    """
-    from safetensors.torch import load_file
-    from sglang.srt.configs.qwen4_exp import Qwen4ExpConfig
-
-    from sglang_hybrid.models.kimi_k3.weights import load_checkpoint
-    from sglang_hybrid.models.qwen38.model import (
-        Qwen38ReferenceForConditionalGeneration,
-        Qwen38TextModel,
-        text_config_of,
-    )
-
-    text = text_config_of(Qwen4ExpConfig.from_pretrained(model_dir))
-    with _replicated_vocab():
-        model = Qwen38TextModel(text)
-    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
-    lm_head = tensors.pop("lm_head.weight", None)
-    named: Iterable = Qwen38ReferenceForConditionalGeneration.target_weights(tensors.items())
-    holder = nn.Module()  # the mapping names parameters as the full model does ("model.…")
-    holder.model = model
-    load_checkpoint(holder, named, model.checkpoint_mapping())
-    if lm_head is None:  # tied
-        lm_head = model.embed_tokens.weight.data
-    return shard_qwen38_text_model(model, spec), lm_head

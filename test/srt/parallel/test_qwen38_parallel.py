@@ -49,7 +49,7 @@ def _worker(rank, port, model_dir, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from sglang_hybrid.parallel.qwen38_runner import Qwen38SequenceRunner
-    from sglang_hybrid.parallel.qwen38_tp import load_qwen38_text_model
+    from sglang_hybrid.models.qwen38.loader import load_qwen38_text_model
     from sglang_hybrid.parallel.spec import ParallelSpec
 
     res = {}

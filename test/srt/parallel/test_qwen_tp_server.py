@@ -44,7 +44,7 @@ LOGPROB_TOL = 2e-4  # the Qwen server test's tolerance against the FP64 oracle
 def _single_process_run(model_dir, prompt):
     """TP = 1 model-level greedy run: (tokens, log-softmax rows of each generated token)."""
     from sglang_hybrid.parallel.qwen38_runner import Qwen38SequenceRunner
-    from sglang_hybrid.parallel.qwen38_tp import load_qwen38_text_model
+    from sglang_hybrid.models.qwen38.loader import load_qwen38_text_model
 
     model, head = load_qwen38_text_model(model_dir)
     runner = Qwen38SequenceRunner(model, head, max_len=len(prompt) + NEW_TOKENS + 1)

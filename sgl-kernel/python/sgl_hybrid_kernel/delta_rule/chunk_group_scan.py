@@ -29,15 +29,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import triton
 
-from sgl_hybrid_kernel.delta_rule.chunk_parallel import SeqPlan, int32_to_device, seq_plan
+from sgl_hybrid_kernel.delta_rule.seq_plan import BC, BT, SeqPlan, int32_to_device, seq_plan
 from sgl_hybrid_kernel.delta_rule.triton_chunk_group_scan import (
     chunk_group_final_kernel,
     chunk_group_scan_kernel,
     chunk_group_summary_kernel,
 )
 
-BT = 64  # tokens per chunk (as chunk_parallel.BT)
-BC = 16  # checkpoint grid (as chunk_parallel.BC)
 # Auto mode: a sequence needs this many chunks before splitting it pays (the summaries
 # and the scan are two extra launches), and the plain state pass's programs must fit at
 # least twice into one wave (PROGRAMS_PER_CU per compute unit).
@@ -176,7 +174,7 @@ def run_group_scan_state_pass(
     state into its slot (``state_indices[i] < 0``: none). ``state_launch`` is the plain
     pass's ``(kernel, constexprs, num_warps, grid_tail)``; its constexprs fix ``H``,
     ``HV``, ``K``, ``V`` and the replay's tiles; ``launch`` the summary / scan tiles.
-    ``lens``: the ``chunk_parallel.SeqPlan`` of ``cu_seqlens`` (its group tables are cached on it:
+    ``lens``: the ``seq_plan.SeqPlan`` of ``cu_seqlens`` (its group tables are cached on it:
     no host sync, no table copy per call) or tokens per sequence (offsets from 0).
     """
     kern, cx, nw, grid = state_launch
@@ -218,7 +216,7 @@ def run_group_scan_state_pass(
 
 @dataclass
 class GroupPlan:
-    """Host tables and their device copies for one (:class:`chunk_parallel.SeqPlan`, group size);
+    """Host tables and their device copies for one (:class:`seq_plan.SeqPlan`, group size);
     cached on the plan (``plan.extra``), built with one non-blocking host-to-device copy.
     ``goff`` ``[S + 1]`` first group per sequence; ``gcu`` ``[NG + 1]`` token bounds of each group
     (the replay treats a group as a sequence); device: ``gidx`` ``[n_summaries, 4]`` (sequence,
@@ -239,7 +237,7 @@ class GroupPlan:
 
 
 def group_plan(plan, group_chunks: int, device: torch.device) -> GroupPlan:
-    """The cached :class:`GroupPlan` of ``plan`` (a ``chunk_parallel.SeqPlan``) for groups of
+    """The cached :class:`GroupPlan` of ``plan`` (a ``seq_plan.SeqPlan``) for groups of
     ``group_chunks`` chunks.
 
     Raises:
