@@ -115,7 +115,8 @@ def read_trace(directory: str, steps: int) -> Dict:
     by_cat: Dict[str, float] = {}
     by_name: Dict[str, float] = {}
     for e in kernels:
-        by_cat[categorise(e["name"])] = by_cat.get(categorise(e["name"]), 0.0) + e["dur"]
+        cat = categorise(e["name"])
+        by_cat[cat] = by_cat.get(cat, 0.0) + e["dur"]
         by_name[e["name"]] = by_name.get(e["name"], 0.0) + e["dur"]
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
     # copies per step: memcpy / memset activity and copy kernels (torch's elementwise copy, .contiguous())

@@ -65,7 +65,7 @@ from sglang_hybrid.mem_cache.components import FULL as _FULL
 from sglang_hybrid.mem_cache.components import MAMBA as _MAMBA
 from sglang_hybrid.mem_cache.components import HostCapturingFullComponent, ValueAwareMambaComponent
 from sglang_hybrid.mem_cache.host_tier import (ROOT_HASH, HostMatch, HostPayloadStore, HostTier, UnsupportedHostCopy,
-                                               page_hash as _page_hash)
+                                               page_hash)
 from sglang_hybrid.mem_cache.metrics import CacheMetrics, HybridCacheMetrics
 from sglang_hybrid.mem_cache.placement import checkpoint_positions
 
@@ -311,7 +311,7 @@ class HybridRadixCache(UnifiedRadixCache):
         for n in reversed(chain):
             toks = n.key.token_ids
             for s in range(0, len(toks), self.page_size):
-                h = _page_hash(h, toks[s : s + self.page_size])
+                h = page_hash(h, toks[s : s + self.page_size])
             depth += len(toks)
             self._hash_cache[id(n)] = (depth, h)
         return depth, h
@@ -322,7 +322,7 @@ class HybridRadixCache(UnifiedRadixCache):
         out = []
         toks = node.key.token_ids
         for s in range(0, len(toks), self.page_size):
-            h = _page_hash(h, toks[s : s + self.page_size])
+            h = page_hash(h, toks[s : s + self.page_size])
             out.append(h)
         return out
 
@@ -330,7 +330,7 @@ class HybridRadixCache(UnifiedRadixCache):
         """Hash of ``token_ids[0:(i+1)*page]`` for each whole page below ``upto``."""
         out, h = [], ROOT_HASH
         for s in range(0, (upto // self.page_size) * self.page_size, self.page_size):
-            h = _page_hash(h, token_ids[s : s + self.page_size])
+            h = page_hash(h, token_ids[s : s + self.page_size])
             out.append(h)
         return out
 

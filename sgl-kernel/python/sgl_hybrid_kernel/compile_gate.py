@@ -219,6 +219,7 @@ def kernel_configs() -> List[KernelConfig]:
         gated_delta_recurrent_kernel,
         gated_delta_verify_wide_kernel,
     )
+    from sgl_hybrid_kernel.kda.fused_decode import num_warps_for
     from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 
     kda = dict(H=12, HV=12, K=128, V=128, BK=128)
@@ -366,7 +367,7 @@ def kernel_configs() -> List[KernelConfig]:
     for bv in (32, 16, 8):  # 16: what kda.fused_decode.value_tile_for(128) launches on the served path
         out.append(KernelConfig(f"kda_fused_decode_bv{bv}", kda_fused_decode_kernel,
                                 dict(H=12, K=128, V=128, W=4, BK=128, BV=bv, NV=128 // bv, NVP=128 // bv, SAFE_GATE=True),
-                                num_warps=8 if bv >= 32 else (4 if bv >= 16 else 2)))
+                                num_warps=num_warps_for(bv)))
     # The sequential chunked prefill runs on CUDA only (it spills on CDNA; ROCm runs the
     # chunk-64 form, chunk.gated_delta_chunk_triton): its configs are gated on sm_90.
     chunk = dict(BK=128, BV=32, BT=16, L2NORM=True, CKPT=True, TF32=True, KB=16)

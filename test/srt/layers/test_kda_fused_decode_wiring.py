@@ -137,10 +137,11 @@ def test_steps_upstreams_cuda_kernel_covers_go_to_it_unless_forced(always_ours):
 
     layer, backend, cache, mixed_qkv, a, b, tracked = _step(2)
     layer._k3_fused_decode_args = ("upstream's static inputs",)
-    layer._sgl_hybrid_fused_decode = FusedDecodeStatic(layer._sgl_hybrid_fused_decode.norm_weight, 1e-5, always_ours)
     ssm0 = cache.temporal.clone()
     before = call_counts().get("kda_decode=upstream_cuda_fused", 0)
     with mock.patch.object(upstream, "covered", return_value=True) as covered:
+        resolved = kda_fused_decode._upstream_covered(layer, "ours" if always_ours else "auto")
+        layer._sgl_hybrid_fused_decode = FusedDecodeStatic(layer._sgl_hybrid_fused_decode.norm_weight, 1e-5, resolved)
         out = try_fused_decode(backend, layer, None, mixed_qkv, a, b)
     if always_ours:
         assert out is not None and layer._k3_onorm_consumed and not torch.equal(cache.temporal, ssm0)

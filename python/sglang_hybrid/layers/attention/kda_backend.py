@@ -23,8 +23,6 @@ conv ``[slots, K - 1, 3 * H * D]``, recurrent ``[slots, H, D_v, D_k]``.
 from __future__ import annotations
 
 import logging
-from typing import Optional
-
 import torch
 
 from sgl_hybrid_kernel.conv.reference import causal_conv1d, causal_conv1d_step
@@ -52,6 +50,9 @@ class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
         self._torch_path = current_platform().is_cpu
         if not self._torch_path:
             super().__init__(model_runner)
+            # decode through our kernels: the fused step is tried first (kda_fused_decode.py)
+            self._fused_decode_ours = isinstance(getattr(self.kernel_dispatcher, "decode_kernel", None),
+                                                 SglHybridKDAKernel)
             return
         # Upstream's __init__ builds a Triton/CUDA kernel dispatcher; on CPU we
         # only need the shared metadata machinery of the base class.
@@ -132,8 +133,7 @@ class HybridKDAAttnBackend(CpuLinearAttnMetadataMixin, KDAAttnBackend):
     # ------------------------------------------------------------------ decode
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not self._torch_path:
-            if isinstance(getattr(self.kernel_dispatcher, "decode_kernel", None), SglHybridKDAKernel):
-                # the one-launch step where the model offered its output-norm gate (kda_fused_decode.py)
+            if self._fused_decode_ours:  # the one-launch step where the model offered its output-norm gate
                 out = try_fused_decode(self, layer, forward_batch, mixed_qkv, a, b)
                 if out is not None:
                     return out

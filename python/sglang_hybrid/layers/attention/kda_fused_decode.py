@@ -24,7 +24,7 @@ output written into its buffer; seeds digest, item 5):
 
 Where upstream's own CUDA fused kernel covers a step (it publishes ``_k3_fused_decode_args`` for 3 /
 6 / 12 heads of 128 and its ``covered()`` accepts the tensors), that step goes to it: on NVIDIA it is
-the faster of the two (:func:`_upstream_covers`); ``SGLANG_HYBRID_KDA_FUSED_DECODE=ours`` keeps ours
+the faster of the two (:func:`_upstream_covered`); ``SGLANG_HYBRID_KDA_FUSED_DECODE=ours`` keeps ours
 there too. ``SGLANG_HYBRID_UPSTREAM_OPS=kda_fused_decode`` leaves the hook out (A/B runs). Counters:
 ``kda_decode=fused`` (ours) and ``kda_decode=upstream_cuda_fused`` (handed to upstream's) per call
 (``/get_server_info``); the start-up table names the choice.
@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -55,29 +55,28 @@ MAX_RESERVED_BATCH = 8192
 @dataclass(frozen=True)
 class FusedDecodeStatic:
     """What the kernel needs besides the step's tensors: the gated output norm's weight ``[V]``
-    and epsilon (``o_norm``, sigmoid gate); ``always_ours``: take steps that upstream's CUDA kernel
-    covers too (``SGLANG_HYBRID_KDA_FUSED_DECODE=ours``)."""
+    and epsilon (``o_norm``, sigmoid gate); ``upstream_covered``: upstream's ``covered()`` where
+    steps it accepts go to upstream's CUDA kernel (:func:`_upstream_covered`), else ``None``."""
 
     norm_weight: torch.Tensor
     eps: float
-    always_ours: bool = False
+    upstream_covered: Optional[Callable[..., bool]] = None
 
 
-def _upstream_covers(layer, mixed_qkv, a, b, conv, ssm, idx, gate) -> bool:
-    """Whether upstream's CUDA fused decode (``sglang.kernels.ops.attention.kda_fused_decode``, a
-    vendored kernel for 3 / 6 / 12 heads of 128, BF16) takes this step: the model published its
-    static inputs (``_k3_fused_decode_args``) and its ``covered()`` accepts the tensors. Where it
-    does, it is the faster one-launch step on NVIDIA (H100, one GPU's share of K3 at TP8, C = 1 / 8 /
-    32: 6.1 / 7.9 / 18.6 µs per layer against our Triton kernel's 8.8 / 11.5 / 28.0;
-    ``benchmark/gpu/profile_decode_step.py``, docs/benchmarks.md)."""
-    if getattr(layer, "_k3_fused_decode_args", None) is None:
-        return False
+def _upstream_covered(layer, mode: str) -> Optional[Callable[..., bool]]:
+    """Upstream's ``covered()`` when steps it accepts should go to its CUDA fused decode
+    (``sglang.kernels.ops.attention.kda_fused_decode``, a vendored kernel for 3 / 6 / 12 heads of 128,
+    BF16), resolved once at model load: the model published its static inputs
+    (``_k3_fused_decode_args``) and ``mode`` is ``auto``. There it is the faster one-launch step on
+    NVIDIA (H100, one GPU's share of K3 at TP8, C = 1 / 8 / 32: 6.1 / 7.9 / 18.6 µs per layer against
+    our Triton kernel's 8.8 / 11.5 / 28.0; ``benchmark/gpu/profile_decode_step.py``, docs/benchmarks.md)."""
+    if mode != "auto" or getattr(layer, "_k3_fused_decode_args", None) is None:
+        return None
     try:
         from sglang.kernels.ops.attention import kda_fused_decode as upstream
-
-        return bool(upstream.covered(mixed_qkv, a, b.reshape(-1, b.shape[-1]), conv, ssm, idx, gate))
     except Exception:  # not importable here (no JIT toolchain): ours serves
-        return False
+        return None
+    return upstream.covered
 
 
 def static_contract(layer, o_norm) -> Optional[str]:
@@ -135,10 +134,11 @@ def _after_prepare(result, self, *args, **kwargs):
     mode = os.environ.get(MODE_ENV, "auto").strip().lower()
     if mode not in ("auto", "ours"):
         raise ValueError(f"{MODE_ENV} must be 'auto' or 'ours', got {mode!r}")
-    layer._sgl_hybrid_fused_decode = FusedDecodeStatic(self.o_norm.weight, float(self.o_norm.eps), mode == "ours")
+    upstream_covered = _upstream_covered(layer, mode)
+    layer._sgl_hybrid_fused_decode = FusedDecodeStatic(self.o_norm.weight, float(self.o_norm.eps), upstream_covered)
     self._kda_fused_decode_ready = True  # the model now offers the output-norm gate on decode
     reserve_workspace(layer.conv_weights.device, _reserved_batch(), layer.num_v_heads, layer.head_v_dim)
-    upstream_too = getattr(layer, "_k3_fused_decode_args", None) is not None and mode == "auto"
+    upstream_too = upstream_covered is not None
     record_choice(OP, "sgl_hybrid", "conv + gates + recurrence + gated RMSNorm in one launch when the decode "
                   "kernel is sgl_hybrid" + ("; steps upstream's CUDA fused kernel covers go to it (faster on NVIDIA; "
                                            f"{MODE_ENV}=ours keeps ours)" if upstream_too else ""), log=logger)
@@ -174,7 +174,8 @@ def try_fused_decode(backend, layer, forward_batch, mixed_qkv, a, b) -> Optional
             or ssm.dtype != torch.float32 or conv.dim() != 3 or conv.stride(-1) != 1
             or a.numel() != B * H * layer.head_k_dim or b.numel() != B * H or gate.numel() != B * H * V):
         return None
-    if not static.always_ours and _upstream_covers(layer, mixed_qkv, a, b, conv, ssm, idx, gate):
+    if static.upstream_covered is not None and static.upstream_covered(mixed_qkv, a, b.reshape(B, H), conv, ssm,
+                                                                          idx, gate):
         count_call("kda_decode", "upstream_cuda_fused")
         return None  # upstream's forward_decode runs its CUDA kernel on the same stash
     from sgl_hybrid_kernel.kda.fused_decode import kda_fused_decode

@@ -7,7 +7,6 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import triton
 
-from sgl_hybrid_kernel.delta_rule.recurrent import pick_value_tile
 from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices
 from sgl_hybrid_kernel.kda.triton_fused_decode import kda_fused_decode_kernel
 
@@ -36,6 +35,11 @@ def value_tile_for(V: int) -> int:
     """``BV`` the wrapper launches with for value width ``V`` (few, wider tiles: the last tile's row
     normalisation is serial; H200 sweep: 16 is best at B = 1..128)."""
     return min(16, triton.next_power_of_2(V))
+
+
+def num_warps_for(value_tile: int) -> int:
+    """Warps the wrapper launches a ``value_tile``-column tile with (the compile gate builds the same)."""
+    return 8 if value_tile >= 32 else (4 if value_tile >= 16 else 2)
 
 
 def reserve_workspace(device: torch.device, batch: int, num_heads: int, head_v_dim: int,
@@ -123,7 +127,7 @@ def kda_fused_decode(
         s_slot, s_h, s_k, s_v,
         H=H, K=K, V=V, W=W, BK=triton.next_power_of_2(K), BV=BV, NV=NV,
         NVP=triton.next_power_of_2(NV), SAFE_GATE=lower_bound is not None,
-        num_warps=8 if BV >= 32 else (4 if BV >= 16 else 2),
+        num_warps=num_warps_for(BV),
     )
     return o
 

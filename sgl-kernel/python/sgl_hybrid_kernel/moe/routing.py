@@ -73,19 +73,17 @@ def fused_moe_routing_triton(
     device = router_logits.device
     weights = torch.empty(M, kout, dtype=torch.float32, device=device)
     ids = torch.empty(M, kout, dtype=torch.int32, device=device)
-    if not layout:
-        sorted_ids = block_expert = num_rows = None
-    else:
+    sorted_ids = block_expert = num_rows = None
+    if layout:
         cap = sorted_layout_capacity(N, n_experts, block_size)
         sorted_ids = torch.empty(cap, dtype=torch.int32, device=device)
         block_expert = torch.empty(cap // block_size, dtype=torch.int32, device=device)
         num_rows = torch.empty(1, dtype=torch.int32, device=device)
-    if M == 0 and not layout:
-        return MoeRouting(weights, ids, None, None, None)
     if M == 0:
-        sorted_ids.fill_(0)
-        block_expert.fill_(-1)
-        num_rows.zero_()
+        if layout:
+            sorted_ids.fill_(0)
+            block_expert.fill_(-1)
+            num_rows.zero_()
         return MoeRouting(weights, ids, sorted_ids, block_expert, num_rows)
     G = num_expert_group
     EG = E // G
