@@ -45,6 +45,8 @@ import requests
 from sglang_hybrid.bench.manifest import git_commit, git_dirty, machine_info, package_versions
 from sglang_hybrid.bench.server import LaunchedServer
 
+from k3_share import add_model_args, write_model  # noqa: E402  (this folder: the script's own directory is on sys.path)
+
 ALL_UPSTREAM = "moe_routing,attn_res,kda_fused_decode"
 VARIANTS = {
     "upstream": (["--attention-backend", "triton"], {"SGLANG_HYBRID_UPSTREAM_OPS": ALL_UPSTREAM}),
@@ -61,37 +63,6 @@ CATEGORIES = [
     ("attn_res_norm", r"attn_res|rms|norm|_aggregate"),
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|ampere|Kernel2|splitK|matmul"),
 ]
-
-
-def k3_share_config(vocab_size: int, bos: int, eos: int, experts: int, top_k: int, moe_inter: int, layers: int) -> Dict:
-    from sglang_hybrid.tools.make_tiny_model import kimi_k3_shaped_tiny_config
-
-    cfg = kimi_k3_shaped_tiny_config(vocab_size, bos, eos, "bfloat16", layers)
-    cfg.update({
-        "hidden_size": 7168,
-        "intermediate_size": 18432 // 8,  # the dense layer's MLP, TP8 share
-        "num_experts": experts,
-        "num_experts_per_token": top_k,
-        "moe_intermediate_size": moe_inter,
-        "num_expert_group": 1,
-        "topk_group": 1,
-    })
-    full = [i for i in range(1, layers + 1) if i % 4 == 0]  # K3's three KDA layers per MLA layer
-    cfg["linear_attn_config"].update({"kda_layers": [i for i in range(1, layers + 1) if i not in full],
-                                      "full_attn_layers": full})
-    return cfg
-
-
-def write_model(out: str, args) -> Dict:
-    from sglang_hybrid.tools.tokenizer import BOS_TOKEN, EOS_TOKEN, write_tokenizer
-
-    os.makedirs(out, exist_ok=True)
-    ids = write_tokenizer(out)
-    cfg = k3_share_config(ids["vocab_size"], ids[BOS_TOKEN], ids[EOS_TOKEN], args.experts, args.top_k,
-                          args.moe_intermediate_size, args.layers)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    return cfg
 
 
 def categorise(name: str) -> str:
@@ -232,10 +203,7 @@ def main(argv=None) -> int:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--experts", type=int, default=112, help="routed experts on one GPU (K3: 896 over EP8)")
-    p.add_argument("--top-k", type=int, default=2, help="routed picks per token landing on one GPU (K3: 16 of 896 over 8)")
-    p.add_argument("--moe-intermediate-size", type=int, default=2048)
+    add_model_args(p)
     p.add_argument("--boot-timeout", type=float, default=400)
     p.add_argument("--log-dir", default=None)
     args = p.parse_args(argv)

@@ -1,0 +1,300 @@
+"""System benchmark on one GPU, served: upstream's kernels and cache vs ours vs each of our parts alone.
+
+    python benchmark/gpu/system_bench.py --out benchmark/results/DATE-h100-k3-system.json \\
+        --variants upstream,ours,ours_kernels,ours_cache
+
+Issue 41 item 3, with the model of the decode-step profile: **one GPU's share of Kimi K3 at TP8**
+(``k3_share.py``: hidden 7168, 12 MLA + 12 KDA heads, three KDA layers per MLA layer, 112 routed
+experts top-2) with random weights (``--load-format dummy``), served through
+``python -m sglang.launch_server`` once per variant with the same flags, pool sizes and requests:
+
+* ``upstream``: upstream's Triton MLA, KDA, routing and AttnRes (``SGLANG_HYBRID_UPSTREAM_OPS``
+  keeps every op we hook) and upstream's own cache (``--radix-cache-backend upstream``:
+  ``UnifiedRadixCache`` with its Mamba component);
+* ``ours``: our kernels (``sgl_hybrid_mla``, ``--linear-attn-backend sgl_hybrid``, routing, AttnRes,
+  fused KDA decode where upstream's CUDA one does not cover the step) and the hybrid radix cache
+  with a host tier (``--hybrid-host-cache-gb``);
+* ``ours_kernels``: our kernels with upstream's cache; ``ours_cache``: upstream's kernels with our cache.
+
+Load, in this order on every server (``sglang_hybrid.bench``, the same clients ``make bench`` uses):
+
+1. **abbench** closed loop at ``--ab-concurrency`` (C1/C8/C32): fixed windows, random prompts
+   that never repeat (no prefix reuse), ``ignore_eos``;
+2. **AgentX-style replay sweep** of the Mooncake conversation trace (the package's copy, first
+   ``--mooncake-requests`` requests, lengths x ``--length-scale``) at ``--sweep-concurrency``;
+3. the same sweep of a **generated agentic trace** (``trace_gen`` shape ``--agentic-shape``: long
+   tool contexts, many turns; its theoretical prefix reuse is printed and recorded, > 90 % for the
+   default slice).
+
+Per variant: abbench windows (tokens/s, TTFT / ITL percentiles), each sweep's points
+(tokens/s/GPU, P90 interactivity, TTFT / ITL percentiles, achieved vs theoretical reuse, cached
+tokens by tier) and its throughput interpolated at ``--target-interactivity`` (tokens/s/user),
+prefix reuse over time (``--reuse-bin-s`` bins), kernel paths and call counts from
+``/get_server_info``. Then ratios against ``upstream``: abbench output tokens/s per C, sweep
+throughput per C, and throughput at equal interactivity (the target when both curves reach it,
+else the interactivity of upstream's most loaded point; ``None`` when a curve does not reach it).
+
+Speculative decoding is off: with random weights a draft model's acceptance means nothing, so
+accept length and the depth controller are measured on the trained tiny models instead
+(docs/speculative.md). A model of 4 layers decodes far faster than Kimi K3's 61, so tokens/s/user
+here is not comparable to the articles' 50 tokens/s/user target; the ratios at equal
+interactivity are what carries over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+import requests
+
+from sglang_hybrid.bench import abbench, sweep, trace_gen
+from sglang_hybrid.bench.manifest import git_commit, git_dirty, machine_info, model_config_hash, package_versions
+from sglang_hybrid.bench.metrics import interpolate_at_interactivity
+from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
+from sglang_hybrid.bench.trace import load_trace, scale_request, theoretical_reuse
+
+from k3_share import add_model_args, write_model  # noqa: E402  (this folder: the script's own directory is on sys.path)
+
+ALL_UPSTREAM = "moe_routing,attn_res,kda_fused_decode"
+OUR_KERNELS = ["--attention-backend", "sgl_hybrid_mla", "--linear-attn-backend", "sgl_hybrid"]
+UPSTREAM_KERNELS = ["--attention-backend", "triton"]
+UPSTREAM_CACHE = ["--radix-cache-backend", "upstream"]
+# name -> (server flags, environment, what it is); "{host_gb}" is replaced by --host-cache-gb
+VARIANTS = {
+    "upstream": (UPSTREAM_KERNELS + UPSTREAM_CACHE, {"SGLANG_HYBRID_UPSTREAM_OPS": ALL_UPSTREAM},
+                 "upstream's kernels + upstream's cache"),
+    "ours": (OUR_KERNELS + ["--hybrid-host-cache-gb", "{host_gb}"], {},
+             "our kernels + hybrid radix cache with host tier"),
+    "ours_kernels": (OUR_KERNELS + UPSTREAM_CACHE, {}, "our kernels + upstream's cache"),
+    "ours_cache": (UPSTREAM_KERNELS + ["--hybrid-host-cache-gb", "{host_gb}"],
+                   {"SGLANG_HYBRID_UPSTREAM_OPS": ALL_UPSTREAM}, "upstream's kernels + hybrid radix cache with host tier"),
+}
+MOONCAKE = os.path.join(os.path.dirname(trace_gen.__file__), "traces", "mooncake_conversation_trace.jsonl")
+SHAPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cache", "shapes.json")
+
+
+def _plugin_state(base: str) -> Dict:
+    states = requests.get(f"{base}/get_server_info", timeout=30).json().get("internal_states") or [{}]
+    return states[0].get("sglang_hybrid", {})
+
+
+def reuse_over_time(rows: List[Dict[str, Any]], bin_s: float) -> List[Dict[str, Any]]:
+    """Prefix reuse per ``bin_s``-second bin of request start time: ``cached / input`` tokens of the
+    successful requests that started in the bin (``rows``: ``RequestResult.to_row()`` dicts)."""
+    bins: Dict[int, List[int]] = {}
+    for r in rows:
+        if not r.get("success") or r.get("start_time") is None:
+            continue
+        b = bins.setdefault(int(r["start_time"] // bin_s), [0, 0, 0])
+        b[0] += int(r.get("cached_tokens") or 0)
+        b[1] += int(r.get("input_len") or 0)
+        b[2] += 1
+    return [{"t_s": k * bin_s, "requests": v[2], "reuse": (v[0] / v[1]) if v[1] else None}
+            for k, v in sorted(bins.items())]
+
+
+def _slim_sweep(doc: Dict[str, Any], bin_s: float) -> Dict[str, Any]:
+    """The sweep document without per-request rows (kept only as reuse-over-time bins per point)."""
+    points = []
+    for p in doc["points"]:
+        q = {k: v for k, v in p.items() if k != "requests"}
+        q["reuse_over_time"] = reuse_over_time(p.get("requests") or [], bin_s)
+        points.append(q)
+    return {"points": points, "target": doc["target"], "manifest": doc["manifest"]}
+
+
+def _slim_abbench(doc: Dict[str, Any]) -> Dict[str, Any]:
+    windows = [{k: v for k, v in w.items() if k not in ("requests", "results")} for w in doc["windows"]]
+    return {"windows": windows, "manifest": doc["manifest"]}
+
+
+def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
+    """Serve ``model`` with variant ``name`` and run abbench and both replay sweeps against it."""
+    flags, env, what = VARIANTS[name]
+    flags = [f.replace("{host_gb}", str(args.host_cache_gb)) for f in flags]
+    max_c = max(args.ab_concurrency + args.sweep_concurrency)
+    if args.device == "cpu":  # a smoke run of the driver on a small checkpoint (kernel flags do not apply)
+        flags = [f for f in flags if f not in UPSTREAM_KERNELS + OUR_KERNELS]
+        server_args = [*cpu_server_args(), "--max-running-requests", str(max_c), *flags]
+    else:
+        server_args = ["--load-format", "dummy", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", str(max_c),
+                       "--max-running-requests", str(max_c), "--mem-fraction-static", str(args.mem_fraction_static),
+                       "--context-length", str(args.context_length), *flags]
+        if args.model_path:
+            server_args = server_args[2:]  # a real checkpoint: its own weights
+    out: Dict[str, Any] = {"variant": name, "what": what, "flags": server_args, "env": env}
+    log = os.path.join(args.log_dir, f"server-{name}.log")
+    t0 = time.perf_counter()
+    with LaunchedServer(model, server_args, env=env, timeout=args.boot_timeout, log_path=log) as srv:
+        base = srv.base_url
+        out["boot_s"] = round(time.perf_counter() - t0, 1)
+        out["kernel_paths"] = _plugin_state(base).get("kernel_paths")
+        common = ["--base-url", base, "--api", "sglang", "--model-path", model, "--server-log", log]
+        ab = abbench.main([*common, "--concurrency", ",".join(map(str, args.ab_concurrency)),
+                           "--window", str(args.ab_window), "--output-len", str(args.ab_output_len),
+                           "--input-len", str(args.ab_input_len), "--warmup", str(args.warmup),
+                           "--output-json", os.path.join(work, f"abbench-{name}.json")])
+        out["abbench"] = _slim_abbench(ab)
+        out["sweeps"] = {}
+        for trace_name, path, n in (("mooncake", MOONCAKE, args.mooncake_requests),
+                                    ("agentic", args.agentic_trace, args.agentic_requests)):
+            doc = sweep.main([*common, "--trace", path, "--num-requests", str(n),
+                              "--length-scale", str(args.length_scale), "--max-output-len", str(args.max_output_len),
+                              "--concurrency", ",".join(map(str, args.sweep_concurrency)), "--warmup", str(args.warmup),
+                              "--target-interactivity", str(args.target_interactivity), "--no-progress",
+                              "--output-json", os.path.join(work, f"sweep-{trace_name}-{name}.json")])
+            out["sweeps"][trace_name] = _slim_sweep(doc, args.reuse_bin_s)
+        out["kernel_calls"] = _plugin_state(base).get("kernel_calls")
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _curve(v: Dict[str, Any], trace_name: str) -> List[tuple]:
+    pts = v.get("sweeps", {}).get(trace_name, {}).get("points", [])
+    return [(p["derived"]["interactivity_p90_tok_s_user"], p["derived"]["total_tok_s_per_gpu"]) for p in pts]
+
+
+def compare(base: Dict[str, Any], other: Dict[str, Any], target: float) -> Dict[str, Any]:
+    """Ratios ``other / base``: abbench output tokens/s per C, sweep tokens/s/GPU per C, and
+    tokens/s/GPU at equal P90 interactivity (``target`` when both curves reach it, else the
+    interactivity of ``base``'s most loaded point)."""
+    res: Dict[str, Any] = {"abbench_output_tok_s": {}, "sweeps": {}}
+    bw = {w["summary"]["concurrency"]: w["summary"] for w in base.get("abbench", {}).get("windows", [])}
+    for w in other.get("abbench", {}).get("windows", []):
+        c = w["summary"]["concurrency"]
+        a, b = bw.get(c, {}).get("output_token_throughput"), w["summary"].get("output_token_throughput")
+        res["abbench_output_tok_s"][str(c)] = round(b / a, 3) if a and b else None
+    for trace_name in ("mooncake", "agentic"):
+        cb, co = _curve(base, trace_name), _curve(other, trace_name)
+        if not cb or not co:
+            continue
+        per_c = {}
+        pb = base["sweeps"][trace_name]["points"]
+        po = {p["concurrency"]: p for p in other["sweeps"][trace_name]["points"]}
+        for p in pb:
+            q = po.get(p["concurrency"])
+            a, b = p["derived"]["total_tok_s_per_gpu"], (q or {}).get("derived", {}).get("total_tok_s_per_gpu")
+            per_c[str(p["concurrency"])] = round(b / a, 3) if a and b else None
+        at = []
+        loaded = min((x for x, _ in cb if x is not None), default=None)
+        for x in (target, loaded):
+            if x is None:
+                continue
+            tb, to = interpolate_at_interactivity(cb, x), interpolate_at_interactivity(co, x)
+            at.append({"interactivity_tok_s_user": round(x, 2), "base_tok_s_per_gpu": tb, "tok_s_per_gpu": to,
+                       "ratio": round(to / tb, 3) if tb and to else None})
+        res["sweeps"][trace_name] = {"tok_s_per_gpu_by_concurrency": per_c, "at_equal_interactivity": at}
+    return res
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="result JSON (rewritten after every variant)")
+    p.add_argument("--variants", default="upstream,ours,ours_kernels,ours_cache",
+                   help=f"comma-separated, from {', '.join(VARIANTS)}; ratios are against 'upstream' (merged from "
+                        "--merge when this run has none)")
+    p.add_argument("--merge", default=None, help="an earlier result JSON whose variants join this one (same model)")
+    add_model_args(p)
+    p.add_argument("--ab-concurrency", type=abbench.parse_int_list, default=[1, 8, 32])
+    p.add_argument("--ab-window", type=float, default=12.0, help="abbench window (s)")
+    p.add_argument("--ab-input-len", type=int, default=1024)
+    p.add_argument("--ab-output-len", type=int, default=128)
+    p.add_argument("--sweep-concurrency", type=abbench.parse_int_list, default=[8, 16, 32, 64])
+    p.add_argument("--mooncake-requests", type=int, default=128)
+    p.add_argument("--agentic-shape", default="agentic-long", help=f"shape name in {os.path.normpath(SHAPES)}")
+    p.add_argument("--agentic-requests", type=int, default=384)
+    p.add_argument("--length-scale", type=float, default=0.25)
+    p.add_argument("--max-output-len", type=int, default=128)
+    p.add_argument("--target-interactivity", type=float, default=50.0)
+    p.add_argument("--warmup", type=int, default=4, help="requests of the measured shapes sent first, not counted")
+    p.add_argument("--reuse-bin-s", type=float, default=2.0)
+    p.add_argument("--host-cache-gb", type=float, default=16.0)
+    p.add_argument("--mem-fraction-static", type=float, default=0.85)
+    p.add_argument("--context-length", type=int, default=40960)
+    p.add_argument("--model-path", default=None,
+                   help="serve this checkpoint (its own weights) instead of the generated K3 share with random weights")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke run of the driver (cpu_server_args(), kernel flags dropped), not a measurement")
+    p.add_argument("--boot-timeout", type=float, default=400)
+    p.add_argument("--log-dir", default=None)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
+    work = tempfile.mkdtemp(prefix="system-bench-")
+    args.log_dir = args.log_dir or work
+    os.makedirs(args.log_dir, exist_ok=True)
+    if args.model_path:
+        model = args.model_path
+        with open(os.path.join(model, "config.json")) as f:
+            cfg = json.load(f)
+    else:
+        model = os.path.join(work, "k3-tp8-share")
+        cfg = write_model(model, args)
+    args.agentic_trace = os.path.join(work, f"{args.agentic_shape}.jsonl")
+    shapes = [s for s in trace_gen.load_shapes(SHAPES) if s.name == args.agentic_shape]
+    if not shapes:
+        raise SystemExit(f"--agentic-shape: no shape named {args.agentic_shape!r} in {SHAPES}")
+    trace_gen.write_jsonl(trace_gen.generate(shapes[0]), args.agentic_trace)
+    reuse = {}
+    for name, path, n in (("mooncake", MOONCAKE, args.mooncake_requests), ("agentic", args.agentic_trace, args.agentic_requests)):
+        reqs = [scale_request(r, args.length_scale, 1.0, args.max_output_len) for r in load_trace(path, n)]
+        hit, tot = theoretical_reuse(reqs)
+        reuse[name] = {"requests": n, "theoretical_reuse": round(hit / tot, 4), "input_tokens": tot,
+                       "max_input_len": max(r.input_len for r in reqs)}
+        print(f"{name}: {n} requests, theoretical prefix reuse {100 * hit / tot:.1f} %", flush=True)
+    result: Dict[str, Any] = {
+        "benchmark": "system_bench", "model": args.model_path or "Kimi K3, one GPU's share at TP8 (random weights)", "config": cfg,
+        "traces": reuse, "args": {k: v for k, v in vars(args).items()}, "variants": {},
+        "manifest": {"command": [sys.executable, *sys.argv], "git_commit": git_commit(), "git_dirty": git_dirty(),
+                     "versions": package_versions(), "machine": machine_info(),
+                     "model_config_hash": model_config_hash(model)["sha256"],
+                     "speculative": "off (random weights: acceptance would mean nothing)",
+                     "warmup": f"{args.warmup} requests of the measured shapes before abbench and before each sweep point"},
+    }
+    if args.merge:
+        with open(args.merge) as f:
+            earlier = json.load(f)
+        if earlier.get("manifest", {}).get("model_config_hash") != result["manifest"]["model_config_hash"]:
+            raise SystemExit(f"--merge {args.merge}: a different model config")
+        result["variants"].update(earlier.get("variants", {}))
+        result["merged_from"] = {"file": os.path.basename(args.merge), "manifest": earlier.get("manifest")}
+    for name in names:
+        print(f"=== {name}: {VARIANTS[name][2]}", flush=True)
+        try:
+            result["variants"][name] = run_variant(name, model, args, work)
+        except Exception as e:  # keep the other variants' results; the error is recorded
+            traceback.print_exc()
+            result["variants"][name] = {"variant": name, "error": repr(e)}
+        _write(args.out, result, args.target_interactivity)
+    _write(args.out, result, args.target_interactivity, show=True)
+    return 0 if all("error" not in result["variants"][n] for n in names) else 1
+
+
+def _write(path: str, result: Dict[str, Any], target: float, show: bool = False) -> None:
+    base = result["variants"].get("upstream")
+    result["vs_upstream"] = {}
+    if base and "error" not in base:
+        for name, v in result["variants"].items():
+            if name != "upstream" and "error" not in v:
+                result["vs_upstream"][name] = compare(base, v, target)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    if show:
+        print(json.dumps(result["vs_upstream"], indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
