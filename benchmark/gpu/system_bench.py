@@ -44,6 +44,7 @@ interactivity are what carries over.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -76,8 +77,16 @@ VARIANTS = {
     "ours_cache": (UPSTREAM_KERNELS + ["--hybrid-host-cache-gb", "{host_gb}"],
                    {"SGLANG_HYBRID_UPSTREAM_OPS": ALL_UPSTREAM}, "upstream's kernels + hybrid radix cache with host tier"),
 }
+SGLANG_TORCH = "2.14."  # the torch sglang 0.5.23 and its compiled extensions are built for
 MOONCAKE = os.path.join(os.path.dirname(trace_gen.__file__), "traces", "mooncake_conversation_trace.jsonl")
 SHAPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cache", "shapes.json")
+
+
+def _alive(srv: LaunchedServer, when: str) -> None:
+    """Raise ``RuntimeError`` (the variant is recorded as failed) when the server process has exited."""
+    rc = srv.process.poll() if srv.process is not None else None
+    if rc is not None:
+        raise RuntimeError(f"server exited with code {rc} {when}; log tail:\n{srv.log_tail(30)}")
 
 
 def _plugin_state(base: str) -> Dict:
@@ -129,6 +138,7 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
                        "--context-length", str(args.context_length), *flags]
         if args.model_path:
             server_args = server_args[2:]  # a real checkpoint: its own weights
+    env = {**env, **args.server_env}
     out: Dict[str, Any] = {"variant": name, "what": what, "flags": server_args, "env": env}
     log = os.path.join(args.log_dir, f"server-{name}.log")
     t0 = time.perf_counter()
@@ -137,6 +147,7 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
         out["boot_s"] = round(time.perf_counter() - t0, 1)
         out["kernel_paths"] = _plugin_state(base).get("kernel_paths")
         common = ["--base-url", base, "--api", "sglang", "--model-path", model, "--server-log", log]
+        _alive(srv, "before abbench")
         ab = abbench.main([*common, "--concurrency", ",".join(map(str, args.ab_concurrency)),
                            "--window", str(args.ab_window), "--output-len", str(args.ab_output_len),
                            "--input-len", str(args.ab_input_len), "--warmup", str(args.warmup),
@@ -145,12 +156,14 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
         out["sweeps"] = {}
         for trace_name, path, n in (("mooncake", MOONCAKE, args.mooncake_requests),
                                     ("agentic", args.agentic_trace, args.agentic_requests)):
+            _alive(srv, f"before the {trace_name} sweep")
             doc = sweep.main([*common, "--trace", path, "--num-requests", str(n),
                               "--length-scale", str(args.length_scale), "--max-output-len", str(args.max_output_len),
                               "--concurrency", ",".join(map(str, args.sweep_concurrency)), "--warmup", str(args.warmup),
                               "--target-interactivity", str(args.target_interactivity), "--no-progress",
                               "--output-json", os.path.join(work, f"sweep-{trace_name}-{name}.json")])
             out["sweeps"][trace_name] = _slim_sweep(doc, args.reuse_bin_s)
+        _alive(srv, "after the sweeps")
         out["kernel_calls"] = _plugin_state(base).get("kernel_calls")
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
@@ -203,21 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", default=None, help="an earlier result JSON whose variants join this one (same model)")
     add_model_args(p)
     p.add_argument("--ab-concurrency", type=abbench.parse_int_list, default=[1, 8, 32])
-    p.add_argument("--ab-window", type=float, default=12.0, help="abbench window (s)")
+    p.add_argument("--ab-window", type=float, default=8.0, help="abbench window (s)")
     p.add_argument("--ab-input-len", type=int, default=1024)
     p.add_argument("--ab-output-len", type=int, default=128)
     p.add_argument("--sweep-concurrency", type=abbench.parse_int_list, default=[8, 16, 32, 64])
-    p.add_argument("--mooncake-requests", type=int, default=128)
+    p.add_argument("--mooncake-requests", type=int, default=96)
     p.add_argument("--agentic-shape", default="agentic-long", help=f"shape name in {os.path.normpath(SHAPES)}")
     p.add_argument("--agentic-requests", type=int, default=384)
-    p.add_argument("--length-scale", type=float, default=0.25)
-    p.add_argument("--max-output-len", type=int, default=128)
+    p.add_argument("--length-scale", type=float, default=0.125)
+    p.add_argument("--max-output-len", type=int, default=64)
     p.add_argument("--target-interactivity", type=float, default=50.0)
-    p.add_argument("--warmup", type=int, default=4, help="requests of the measured shapes sent first, not counted")
+    p.add_argument("--warmup", type=int, default=2, help="requests of the measured shapes sent first, not counted")
     p.add_argument("--reuse-bin-s", type=float, default=2.0)
     p.add_argument("--host-cache-gb", type=float, default=16.0)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)
-    p.add_argument("--context-length", type=int, default=40960)
+    p.add_argument("--context-length", type=int, default=20480)
     p.add_argument("--model-path", default=None,
                    help="serve this checkpoint (its own weights) instead of the generated K3 share with random weights")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -233,6 +246,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
+    args.server_env = {}
+    torch_version = importlib.metadata.version("torch")
+    if not torch_version.startswith(SGLANG_TORCH):
+        # sglang 0.5.23's bundled Rust TreeCore (UnifiedRadixCache, i.e. upstream's cache) is built against
+        # torch 2.14 and segfaults in its first insert on another torch (seen with 2.11 on the H100 image)
+        args.server_env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = "python"
+        print(f"torch {torch_version}: upstream's cache uses its Python TreeCore (the Rust one is built for "
+              f"torch {SGLANG_TORCH})", flush=True)
     work = tempfile.mkdtemp(prefix="system-bench-")
     args.log_dir = args.log_dir or work
     os.makedirs(args.log_dir, exist_ok=True)
@@ -262,6 +283,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                      "versions": package_versions(), "machine": machine_info(),
                      "model_config_hash": model_config_hash(model)["sha256"],
                      "speculative": "off (random weights: acceptance would mean nothing)",
+                     "server_env": args.server_env,
                      "warmup": f"{args.warmup} requests of the measured shapes before abbench and before each sweep point"},
     }
     if args.merge:
