@@ -207,6 +207,55 @@ def compare(base: Dict[str, Any], other: Dict[str, Any], target: float) -> Dict[
     return res
 
 
+def plot(result: Dict[str, Any], out_dir: str, stem: str) -> List[str]:
+    """PNG plots of a result document in ``out_dir``: per trace, tokens/s/GPU vs P90 interactivity
+    (one curve per variant, points labelled by concurrency) and prefix reuse over time at the
+    most loaded sweep point (one curve per variant). Returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    ok = {n: v for n, v in result["variants"].items() if "error" not in v}
+    for trace_name in ("mooncake", "agentic"):
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8))
+        for name, v in ok.items():
+            pts = v.get("sweeps", {}).get(trace_name, {}).get("points", [])
+            xy = sorted((p["derived"]["interactivity_p90_tok_s_user"], p["derived"]["total_tok_s_per_gpu"],
+                         p["concurrency"]) for p in pts if p["derived"]["interactivity_p90_tok_s_user"])
+            if not xy:
+                continue
+            line, = ax.plot([x for x, _, _ in xy], [y for _, y, _ in xy], "o-", label=name)
+            for x, y, c in xy:
+                ax.annotate(f"C{c}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                            color=line.get_color())
+            loaded = max(pts, key=lambda p: p["concurrency"])
+            r = [(b["t_s"], b["reuse"]) for b in loaded.get("reuse_over_time", []) if b["reuse"] is not None]
+            if r:
+                bx.plot([t for t, _ in r], [100 * u for _, u in r], ".-", color=line.get_color(),
+                        label=f"{name} (C{loaded['concurrency']})")
+        theo = result.get("traces", {}).get(trace_name, {}).get("theoretical_reuse")
+        if theo is not None:
+            bx.axhline(100 * theo, color="grey", ls=":", lw=1, label="theoretical (whole slice)")
+        ax.set_xlabel("P90 interactivity = 1 / P90 ITL (tokens/s/user)")
+        ax.set_ylabel("total tokens/s/GPU")
+        ax.set_title(f"{trace_name} replay: throughput vs interactivity")
+        bx.set_xlabel("request start (s)")
+        bx.set_ylabel("prefix reuse (% of input tokens)")
+        bx.set_title(f"{trace_name} replay: reuse over time")
+        for a in (ax, bx):
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"{stem}-{trace_name}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="result JSON (rewritten after every variant)")
@@ -237,11 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu: a smoke run of the driver (cpu_server_args(), kernel flags dropped), not a measurement")
     p.add_argument("--boot-timeout", type=float, default=400)
     p.add_argument("--log-dir", default=None)
+    p.add_argument("--plot-only", default=None, metavar="RESULT_JSON",
+                   help="only draw the plots of an earlier result into --out (a folder); needs matplotlib")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            stem = os.path.splitext(os.path.basename(args.plot_only))[0]
+            print("\n".join(plot(json.load(f), args.out, stem)))
+        return 0
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
