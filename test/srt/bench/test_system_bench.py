@@ -1,0 +1,95 @@
+"""The GPU system benchmark's arithmetic (benchmark/gpu/system_bench.py; CPU only, no server):
+reuse over time, ratios against upstream at equal concurrency and equal interactivity, the
+K3 TP8 share's config, and the variant list."""
+
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "benchmark", "gpu"))
+
+import k3_share  # noqa: E402
+import system_bench  # noqa: E402
+
+
+def _point(c, interactivity, tok_s):
+    return {"concurrency": c, "derived": {"interactivity_p90_tok_s_user": interactivity, "total_tok_s_per_gpu": tok_s}}
+
+
+def _variant(ab, curve):
+    return {"abbench": {"windows": [{"summary": {"concurrency": c, "output_token_throughput": t}} for c, t in ab]},
+            "sweeps": {"mooncake": {"points": [_point(*p) for p in curve]}}}
+
+
+class TestReuseOverTime(unittest.TestCase):
+    def test_bins_count_successful_requests_by_start_time(self):
+        rows = [
+            {"success": True, "start_time": 0.1, "cached_tokens": 0, "input_len": 100},
+            {"success": True, "start_time": 1.9, "cached_tokens": 50, "input_len": 100},
+            {"success": True, "start_time": 2.0, "cached_tokens": 90, "input_len": 100},
+            {"success": False, "start_time": 2.5, "cached_tokens": 0, "input_len": 1000},  # failed: not counted
+            {"success": True, "start_time": 7.0, "cached_tokens": 30, "input_len": 40},
+        ]
+        bins = system_bench.reuse_over_time(rows, 2.0)
+        self.assertEqual([b["t_s"] for b in bins], [0.0, 2.0, 6.0])
+        self.assertEqual([b["requests"] for b in bins], [2, 1, 1])
+        self.assertAlmostEqual(bins[0]["reuse"], 50 / 200)
+        self.assertAlmostEqual(bins[1]["reuse"], 0.9)
+        self.assertAlmostEqual(bins[2]["reuse"], 0.75)
+
+
+class TestCompare(unittest.TestCase):
+    def test_ratios_at_equal_concurrency_and_interactivity(self):
+        base = _variant([(1, 100.0), (8, 400.0)], [(8, 100.0, 1000.0), (32, 40.0, 2200.0)])
+        ours = _variant([(1, 130.0), (8, 400.0)], [(8, 120.0, 1100.0), (32, 60.0, 2600.0)])
+        r = system_bench.compare(base, ours, target=50.0)
+        self.assertEqual(r["abbench_output_tok_s"], {"1": 1.3, "8": 1.0})
+        m = r["sweeps"]["mooncake"]
+        self.assertEqual(m["tok_s_per_gpu_by_concurrency"], {"8": 1.1, "32": round(2600 / 2200, 3)})
+        at50, loaded = m["at_equal_interactivity"]
+        # base at 50 tok/s/user: between (40, 2200) and (100, 1000) -> 2200 - 1200 * 10/60 = 2000
+        self.assertAlmostEqual(at50["base_tok_s_per_gpu"], 2000.0)
+        # ours at 50: below its lowest measured interactivity (60) -> no extrapolation
+        self.assertIsNone(at50["tok_s_per_gpu"])
+        self.assertIsNone(at50["ratio"])
+        # upstream's most loaded point (40 tok/s/user) is outside ours too
+        self.assertEqual(loaded["interactivity_tok_s_user"], 40.0)
+        self.assertIsNone(loaded["ratio"])
+
+    def test_interpolated_ratio_when_both_curves_reach_the_target(self):
+        base = _variant([], [(8, 100.0, 1000.0), (32, 40.0, 2200.0)])
+        ours = _variant([], [(8, 110.0, 1200.0), (32, 30.0, 3000.0)])
+        at50 = system_bench.compare(base, ours, target=50.0)["sweeps"]["mooncake"]["at_equal_interactivity"][0]
+        # ours at 50: between (30, 3000) and (110, 1200) -> 3000 - 1800 * 20/80 = 2550
+        self.assertAlmostEqual(at50["tok_s_per_gpu"], 2550.0)
+        self.assertAlmostEqual(at50["ratio"], round(2550 / 2000, 3))
+
+
+class TestShareAndVariants(unittest.TestCase):
+    def test_k3_tp8_share_config(self):
+        cfg = k3_share.k3_share_config(1000, 1, 2, experts=112, top_k=2, moe_inter=2048, layers=8)
+        self.assertEqual(cfg["hidden_size"], 7168)
+        self.assertEqual(cfg["intermediate_size"], 18432 // 8)
+        self.assertEqual((cfg["num_experts"], cfg["num_experts_per_token"]), (112, 2))
+        self.assertEqual(cfg["linear_attn_config"]["full_attn_layers"], [4, 8])
+        self.assertEqual(cfg["linear_attn_config"]["kda_layers"], [1, 2, 3, 5, 6, 7])
+
+    def test_variants_differ_only_in_kernels_and_cache(self):
+        up_flags, up_env, _ = system_bench.VARIANTS["upstream"]
+        self.assertIn("--radix-cache-backend", up_flags)
+        self.assertEqual(up_env["SGLANG_HYBRID_UPSTREAM_OPS"], system_bench.ALL_UPSTREAM)
+        ours_flags, ours_env, _ = system_bench.VARIANTS["ours"]
+        self.assertNotIn("--radix-cache-backend", ours_flags)
+        self.assertEqual(ours_env, {})
+        self.assertEqual(system_bench.VARIANTS["ours_kernels"][0][:4], system_bench.OUR_KERNELS)
+        self.assertEqual(system_bench.VARIANTS["ours_cache"][1], up_env)
+
+    def test_unknown_variant_is_refused(self):
+        with self.assertRaises(SystemExit) as cm:
+            system_bench.main(["--out", os.devnull, "--variants", "ours,fastest"])
+        self.assertIn("fastest", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
