@@ -38,9 +38,11 @@ NAME="sglang-hybrid-offline-py${PYTAG}.tar.xz"
 
 # Parts of the installed tree that no serving or test path imports (measured on the H200 image):
 # the diffusion server, the Rust bench/server extensions, mistral_common's tokenizer data and
-# pycountry's translations.
+# pycountry's translations. Also the Rust TreeCore of upstream's UnifiedRadixCache: it is built
+# against torch 2.14 and segfaults in its first insert on the image's torch 2.11 (H100, 2026-12-07);
+# without it upstream falls back to its Python TreeCore by itself.
 TRIM=(sglang/multimodal_gen "sglang/srt/rust_extensions/_bench*" "sglang/srt/rust_extensions/_server*"
-      mistral_common/data pycountry/locales)
+      mistral_common/data pycountry/locales "sglang/srt/mem_cache/rust_tree_core/mem_cache*.so")
 
 pack() {
   local py="${PYTHON:-python3}"
