@@ -77,7 +77,7 @@ class Patch:
             raise ValueError(f"target: a dotted upstream path is required, got {self.target!r}")
         if self.hook_type not in HOOK_TYPES:
             raise ValueError(f"hook_type: {self.hook_type!r} is not one of {', '.join(HOOK_TYPES)}")
-        module, _, attr = (self.hook or "").partition(":")
+        module, _, attr = (self.hook if isinstance(self.hook, str) else "").partition(":")
         if not module or not attr or "." in attr:
             raise ValueError(f"hook: 'package.module:attribute' is required, got {self.hook!r}")
         for name in ("why", "remove_when"):

@@ -108,6 +108,8 @@ class TestDeclarations(unittest.TestCase):
             (dict(hook_type="wrap"), "hook_type"),
             (dict(hook="sglang_hybrid.boot.hooks._add_skip_flag"), "hook"),
             (dict(hook="sglang_hybrid.boot.hooks:"), "hook"),
+            (dict(hook=None), "hook"),
+            (dict(target=None), "target"),
             (dict(why="  "), "why"),
             (dict(remove_when=""), "remove_when"),
             (dict(snippet=""), "snippet"),
