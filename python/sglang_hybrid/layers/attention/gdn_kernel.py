@@ -37,7 +37,7 @@ from sgl_hybrid_kernel.kda.reference import kda_chunk
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
                                                             plan_track_snapshots, verify_chain)
@@ -45,7 +45,6 @@ from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, exten
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "sgl_hybrid"
-DISPATCHER_INIT = "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.__init__"
 
 
 def raw_gdn_gates(g: torch.Tensor, beta: torch.Tensor):
@@ -223,4 +222,4 @@ def install() -> None:
 
     if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
         add_linear_attn_kernel_backend_choices([BACKEND_NAME])
-    HookRegistry.register(DISPATCHER_INIT, _around_dispatcher_init, HookType.AROUND)
+    register_patches(__name__)  # AROUND GDNKernelDispatcher.__init__ (patches.py)

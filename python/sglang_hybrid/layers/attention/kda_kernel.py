@@ -31,7 +31,7 @@ from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
                                                             plan_track_snapshots, verify_chain)
@@ -207,9 +207,6 @@ def _add_verify_choice(result, parser, *args, **kwargs):
     return result
 
 
-EXTRA_BUFFER_CHECK = "sglang.srt.arg_groups.overrides.supports_mamba_cache_extra_buffer"
-
-
 class _BaseBackendAsTriton:
     """Read view of the resolving server arguments in which ``linear_attn_backend`` reads ``"triton"``."""
 
@@ -245,8 +242,4 @@ def install() -> None:
 
     if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
         add_linear_attn_kernel_backend_choices([BACKEND_NAME])
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_verify_choice, HookType.AFTER)
-    HookRegistry.register(EXTRA_BUFFER_CHECK, _around_extra_buffer_check, HookType.AROUND)
-    HookRegistry.register(
-        "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__", _around_dispatcher_init, HookType.AROUND
-    )
+    register_patches(__name__)  # the three hooks declared in patches.py
