@@ -87,12 +87,8 @@ def recording() -> Iterator[_Recorder]:
 
 @contextlib.contextmanager
 def fake_target(vendor: str, arch: str, cus: int):
-    """Make the wrappers' device questions answer as ``(vendor, arch, cus)`` would, for CPU tensors
-    (pre-refactor form: patches every module-level device question of the old code)."""
-    import functools
-
+    """Make the wrappers' device questions answer as ``(vendor, arch, cus)`` would, for CPU tensors."""
     from sgl_hybrid_kernel import platform as plat_mod
-    from sgl_hybrid_kernel.delta_rule import chunk, chunk_group_scan, chunk_parallel, dispatch, recurrent, triton_lanes
 
     saved_env = os.environ.get("TRITON_INTERPRET")
     if vendor == "cpu":
@@ -104,36 +100,12 @@ def fake_target(vendor: str, arch: str, cus: int):
         return
     os.environ.pop("TRITON_INTERPRET", None)
     fake = plat_mod.DevicePlatform(vendor, arch, cus, f"fake {arch}")
-    gpu = torch.device("cuda", 0)
-    saved = []
-
-    def patch(mod, name, value):
-        saved.append((mod, name, getattr(mod, name)))
-        setattr(mod, name, value)
-
-    def on_gpu(fn):
-        @functools.wraps(fn)
-        def wrapped(device, *a, **k):
-            return fn(gpu, *a, **k)
-        return wrapped
-
-    hip = torch.version.hip
-    torch.version.hip = "6.2" if vendor == "rocm" else None
-    for mod in (recurrent, dispatch, chunk_parallel, chunk_group_scan):
-        if hasattr(mod, "device_platform"):
-            patch(mod, "device_platform", lambda device=None: fake)
-    for name in ("device_value_tile_tuning", "use_xred", "use_seq_key_sums", "use_fast_gate", "lanes_pdl",
-                 "lanes_fold", "window_num_warps", "window_dot_precision"):
-        patch(recurrent, name, on_gpu(getattr(recurrent, name)))
-    patch(chunk, "device_kind", lambda t: vendor)
-    lp = chunk_parallel.launch_params
-    patch(chunk_parallel, "launch_params", lambda *a, **k: lp(*a, **{**k, "interpret": False}))
+    old_of = vars(plat_mod.Target)["of"]
+    plat_mod.Target.of = staticmethod(lambda device: plat_mod.Target.from_platform(fake))
     try:
         yield
     finally:
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
-        torch.version.hip = hip
+        plat_mod.Target.of = old_of
         _restore_env(saved_env)
 
 
@@ -167,7 +139,8 @@ def recurrent_cases() -> Iterator[Tuple[str, dict]]:
 
 
 def run_recurrent(c: dict) -> None:
-    from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+    from sgl_hybrid_kernel.delta_rule.plan import RecurrentOverrides
+    from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
 
     gate, lb, H, HV, K, V, T, B, layout, mode = (c[n] for n in ("gate", "lb", "H", "HV", "K", "V", "T", "B", "layout", "mode"))
     N = B * T
@@ -181,7 +154,7 @@ def run_recurrent(c: dict) -> None:
     shape = (B + 1, HV, K, V) if layout == "kv" else (B + 1, HV, V, K)
     state = torch.empty(shape)
     idx = torch.arange(B, dtype=torch.int32)
-    kw = dict(c.get("extra", {}))
+    kw = {"plan": RecurrentOverrides(**c["extra"])} if "extra" in c else {}
     if mode == "snapshots":
         kw.update(inter_state=torch.empty((N + 1,) + shape[1:]), inter_indices=torch.arange(N, dtype=torch.int32))
     gk = K if gate == "kda" else 1
@@ -212,7 +185,8 @@ def chunk_cases() -> Iterator[Tuple[str, dict]]:
 
 
 def run_chunk(c: dict) -> None:
-    from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+    from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+    from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
 
     gate, lb, H, HV, K, V, S, L = (c[n] for n in ("gate", "lb", "H", "HV", "K", "V", "S", "L"))
     dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float32
@@ -223,9 +197,10 @@ def run_chunk(c: dict) -> None:
     b = torch.empty(N, HV, dtype=dt)
     state = torch.empty(S + 1, HV, V, K)
     cu = torch.arange(0, N + 1, L, dtype=torch.int32)
-    kw = dict(c.get("extra", {}))
+    over = dict(c.get("extra", {}))
     if c["gs"] is not None:
-        kw["group_scan"] = c["gs"]
+        over["group_scan"] = c["gs"]
+    kw = {"plan": ChunkOverrides(**over)} if over else {}
     if c["ckpt"]:
         kw.update(checkpoints=[(0, 64, 0), (S - 1, L, 1)], checkpoint_pool=torch.empty(2, HV, V, K))
     gated_delta_chunk_triton(q, q, v, f, b, torch.empty(HV), torch.empty(HV * K if gate == "kda" else HV), cu, state,

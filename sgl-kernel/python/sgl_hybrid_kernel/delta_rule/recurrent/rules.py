@@ -1,7 +1,13 @@
-"""Host wrapper of the Triton decode / verify kernel (``triton_recurrent.py``)."""
+"""Tile and mode rules of the decode / verify kernels (issue 4), as functions of shapes and a
+:class:`~sgl_hybrid_kernel.platform.Target`; :func:`sgl_hybrid_kernel.delta_rule.plan.plan_recurrent` is
+the one caller that combines them into a plan. The per-architecture numbers they read are rows of
+``recurrent_tiles.json`` (each with the measurement it came from); the measurements behind each rule are
+cited in its docstring.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -9,23 +15,9 @@ from typing import Dict, Optional, Tuple
 import torch
 import triton
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
-    FLAG_COMMIT,
-    FLAG_DEFERRED,
-    FLAG_REPLAY_PREV,
-    FLAG_SAVE_INTER,
-    GATE_GDN,
-    GATE_KDA,
-    GATE_KDA_SAFE,
-    gated_delta_recurrent_kernel,
-    gated_delta_verify_wide_kernel,
-    TRITON_VERSION,
-)
-from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, gdc_wait, lanes_fold, lanes_v_first,
-                                                       prep_heads_per_program, token_prep_kernel)
-from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices, unit_stride
-from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
-from sgl_hybrid_kernel.platform import device_platform
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_lanes import gdc_wait
+from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
+from sgl_hybrid_kernel.platform import Target
 
 
 @dataclass(frozen=True)
@@ -46,8 +38,8 @@ class ValueTileTuning:
     that grid has at most ``prepped_per_cu`` programs per compute unit, else 8 columns; GDN's take 16 where the
     16-column grid has ``prepped_wide_min_per_cu`` to ``prepped_per_cu`` or at least ``prepped_wide_large_per_cu``
     programs per compute unit; none takes the lanes kernel.
-    ``tuned`` is False
-    for the default built for a device no sweep has measured.
+    ``tuned`` is False for the default built for a device no sweep has measured; ``source`` names the
+    measurement the row came from and ``evidence`` ``((field, measurement), ...)`` the one behind each threshold.
     """
 
     name: str
@@ -65,16 +57,36 @@ class ValueTileTuning:
     prepped_wide_min_per_cu: int = 9
     prepped_wide_large_per_cu: int = 128
     narrow_decode_large_per_cu: int = 48
+    evidence: Tuple[Tuple[str, str], ...] = ()
 
 
-# Tuned tables, keyed by (arch, compute units): a table measured on one part
-# must not silently apply to a part with a different CU count (issue 9).
-VALUE_TILE_TUNED: Dict[Tuple[str, int], ValueTileTuning] = {
-    ("sm90", 132): ValueTileTuning("sm90x132", 132, 2, True, "H200 sweeps 2026-11-29 (benchmark/kernels/sweep_value_tile.py) and "
-                                   "2026-11-30 (bench_delta_rule.py --sweep-decode-batches / --sweep-verify-batches: "
-                                   "decode B = 1..128, verify B = 1..32; the lanes kernel: --wide-variants BVx1kKL, "
-                                   "2026-11-30-h200-lanes_*.json, 2026-12-01-h200-lanes_small_batches.json)", 32, 8),
-}
+TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiles.json")
+
+
+def load_value_tile_tables(path: str = TABLE_FILE) -> Dict[Tuple[str, int], ValueTileTuning]:
+    """The tuned rows of ``path``, keyed by ``(arch, compute units)``: a table measured on one part must not
+    silently apply to a part with a different CU count (issue 9). Each row: ``arch``, ``num_compute_units``,
+    ``source`` (the measurement it came from) and the :class:`ValueTileTuning` fields it sets.
+
+    Raises:
+        ValueError: a row without ``arch`` / ``num_compute_units`` / ``source``, or naming an unknown field.
+    """
+    with open(path) as fh:
+        rows = json.load(fh)["tables"]
+    fields = set(ValueTileTuning.__dataclass_fields__)
+    out = {}
+    for row in rows:
+        missing = {"name", "arch", "num_compute_units", "source"} - set(row)
+        unknown = set(row) - fields - {"arch"}
+        if missing or unknown:
+            raise ValueError(f"path: row {row.get('name')!r} lacks {sorted(missing)} or sets unknown {sorted(unknown)}")
+        args = {k: v for k, v in row.items() if k not in ("arch", "evidence")}
+        args["evidence"] = tuple(sorted(row.get("evidence", {}).items()))
+        out[(row["arch"], int(row["num_compute_units"]))] = ValueTileTuning(**args)
+    return out
+
+
+VALUE_TILE_TUNED: Dict[Tuple[str, int], ValueTileTuning] = load_value_tile_tables()
 # What tests and benchmarks on the CPU interpreter use (no device to ask).
 INTERPRETER_TUNING = VALUE_TILE_TUNED[("sm90", 132)]
 
@@ -90,12 +102,11 @@ def value_tile_tuning(arch: Optional[str], num_compute_units: Optional[int]) -> 
     return ValueTileTuning(f"default({arch}x{cus})", cus, 2, False, "untuned: H200 rules, 2 waves of this device's CUs")
 
 
-def device_value_tile_tuning(device: torch.device) -> ValueTileTuning:
-    """:func:`value_tile_tuning` for a tensor's device (CPU tensors: the interpreter's table)."""
-    plat = device_platform(device)
-    if plat.device == "cpu":
+def target_tuning(target: Target) -> ValueTileTuning:
+    """:func:`value_tile_tuning` for a target (CPU: the interpreter's table)."""
+    if target.vendor == "cpu":
         return INTERPRETER_TUNING
-    return value_tile_tuning(*plat.key)
+    return value_tile_tuning(*target.key)
 
 
 def pick_value_tile(
@@ -107,7 +118,7 @@ def pick_value_tile(
     tuning: Optional[ValueTileTuning] = None,
     per_channel_decay: bool = False,
 ) -> int:
-    """Columns per program, from the H200 sweeps (benchmark/kernels/bench_delta_rule.py
+    """Columns per program, from the H200 sweeps (benchmark/kernels/bench_delta_rule_recurrent.py
     ``bench_recurrent_sweep``, docs/kernels.md; issue 4).
 
     One warp per program up to 16 columns (:func:`recurrent_num_warps`): every K-reduction
@@ -128,7 +139,7 @@ def pick_value_tile(
       32 / 64 columns (one 16-column warp was 25 % slower there, GDN B=32).
 
     ``tuning`` defaults to :data:`INTERPRETER_TUNING` (the H200 table); the
-    wrappers pass the tensor device's entry (:func:`device_value_tile_tuning`).
+    plan passes its target's entry (:func:`target_tuning`).
     """
     tuning = tuning or INTERPRETER_TUNING
     vmax = triton.next_power_of_2(head_v_dim)
@@ -143,265 +154,6 @@ def pick_value_tile(
     while bv > floor and batch * num_v_heads * triton.cdiv(head_v_dim, bv) < tuning.waves * tuning.num_compute_units:
         bv //= 2
     return min(bv, vmax)
-
-
-def gated_delta_recurrent_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    f: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    state: torch.Tensor,
-    state_indices: torch.Tensor,
-    tokens_per_request: int = 1,
-    gate: str = "kda",
-    lower_bound: Optional[float] = None,
-    scale: Optional[float] = None,
-    l2norm: bool = True,
-    state_layout: str = "kv",
-    commit: bool = True,
-    inter_state: Optional[torch.Tensor] = None,
-    inter_indices: Optional[torch.Tensor] = None,
-    value_tile: Optional[int] = None,
-    out: Optional[torch.Tensor] = None,
-    replay_buffer: Optional[torch.Tensor] = None,
-    replay_prev: Optional[torch.Tensor] = None,
-    accept_prev: Optional[torch.Tensor] = None,
-    num_warps: Optional[int] = None,
-    preload: Optional[bool] = None,
-    wide: Optional[bool] = None,
-    form: Optional[str] = None,
-    dot_precision: Optional[str] = None,
-    key_lanes: Optional[int] = None,
-    num_stages: Optional[int] = None,
-    xred: Optional[int] = None,
-    tokprep: Optional[bool] = None,
-) -> torch.Tensor:
-    """Decode / verify step of the gated delta rule for a batch.
-
-    Args:
-        q, k: ``[N, H, K]``; v: ``[N, HV, V]`` with ``N = B * T``, token-major.
-        f: raw gate input, ``[N, HV, K]`` (``gate="kda"``) or ``[N, HV]`` (``gate="gdn"``).
-        b: raw beta ``[N, HV]`` (sigmoid applied in the kernel).
-        A_log: ``[HV]``; dt_bias: ``[HV * K]`` (KDA) or ``[HV]`` (GDN).
-        state: pool ``[slots, HV, K, V]`` (``state_layout="kv"``, fla) or
-            ``[slots, HV, V, K]`` (``"vk"``, SGLang's KDA pool); FP32.
-        state_indices: ``[B]`` slot per request; negative = padding row (zeros out).
-        tokens_per_request: ``T`` (1 decode, 1 + drafts for verify).
-        gate: ``"kda"`` or ``"gdn"``; lower_bound: KDA safe gate bound (``None`` = standard gate).
-        scale: default ``K ** -0.5``; l2norm: L2-normalise q and k in the kernel.
-        commit: write the final state back to its slot (verify passes ``False``).
-        inter_state, inter_indices: optional pool (same layout) and ``[N]`` slots
-            receiving the state after each token (``-1`` = skip).
-        value_tile: ``BV`` override (power of two).
-        num_warps: warps per program override (default 1 for the one-warp per-token kernel,
-            :func:`recurrent_num_warps` for the register-tile kernel).
-        preload: load every token's inputs as register tiles before the chain (``True``) or
-            each token's one token ahead (``False``); default :func:`recurrent_preload`.
-        wide: run ``gated_delta_verify_wide_kernel`` (per-token inputs, one warp,
-            :func:`pick_wide_tile` / :func:`pick_deferred_tile` columns) instead of the
-            register-tile ``gated_delta_recurrent_kernel``. ``None``: :func:`use_wide_verify`
-            unless ``preload`` (that kernel's knob) is given. Every call of one window (verify,
-            next window's fused replay, :func:`replay_commit`) must take the same kernel for the
-            replay to be bit-exact; the defaults do.
-        form: ``"recurrent"`` (token by token, ``gated_delta_recurrent_kernel``) or ``"chunk"``
-            (the window solved in matrix form, ``triton_window.py``; T <= 8, no ``inter_state``;
-            not bit-exact against the recurrent form, checked against FP64; the H200 ran it
-            2-7x slower than the recurrent form, so it is opt-in: docs/kernels.md). ``None``:
-            ``"recurrent"``.
-        dot_precision: chunk form only: ``tl.dot`` input precision (default
-            :func:`window_dot_precision`).
-        key_lanes: V-major pool, recurrent form: run the lanes kernel (``triton_lanes.py``: a
-            per-token prologue, then ``key_lanes`` lanes of the warp on the key axis and the rest on
-            ``value_tile`` columns); ``0``: the one-warp kernel. ``None``: :func:`pick_lanes_tile`
-            when ``value_tile`` is not given, else the one-warp kernel.
-        num_stages: lanes kernel: software-pipelining stages of its runtime replay loop (default 1, as
-            the compile gate compiles it; 1, 2 and 3 ran at the same speed on the H200, 2026-11-30).
-        xred: one-warp verify kernel: each token's key-axis sums as one reduce-scatter across the warp
-            (``triton_recurrent._xred_pair``; 1: CUDA shuffles, 2: the same exchanges as gathers, for tests;
-            0: Triton's per-column butterflies). ``None``: :func:`use_xred`. Given (not ``None``), the one-warp
-            kernel runs (not the lanes kernel); 1 or 2 need :func:`xred_shape_ok` and ``wide`` not ``False``
-            (``ValueError`` otherwise).
-        tokprep: one-warp kernel, plain window with ``xred``: every token's norms, ``q.k``, decay and beta
-            computed first, as one reduce-scatter, one lane per token and (KDA) one tile of per-key decays
-            (``triton_recurrent._verify_window_prep``), then the state's chain. ``None``: :func:`use_tokprep`;
-            ``True`` outside those windows: ``ValueError``.
-        out: optional ``[N, HV, V]`` output buffer.
-        replay_buffer: deferred commit (seeds digest, item 12): FP32
-            ``[slots, T - 1, HV, K + GK + 1 + V]`` (``GK`` = K for KDA, 1 for GDN).
-            The state after token 0 is committed to its slot and tokens 1..T-1
-            keep only their inputs here; :func:`replay_commit` later rebuilds the
-            accepted state. Implies ``commit=False`` for the rest of the window.
-        replay_prev, accept_prev: fused deferred commit: the previous window's
-            replay buffer (use a ping-pong pair: never the same tensor as
-            ``replay_buffer``) and its ``[B]`` accepted-token counts; the kernel
-            rebuilds that window's accepted state in registers before this step,
-            so no separate commit pass touches the state.
-
-    Returns:
-        ``o`` ``[N, HV, V]`` in ``v.dtype``.
-
-    Index tensors (``state_indices``, ``inter_indices``, ``accept_prev``) may have any stride: the wrapper
-    makes them unit-stride (no copy when contiguous; ``slot_index.py``).
-
-    Raises:
-        ValueError: bad ``gate``/``state_layout`` or inconsistent shapes; on CPU tensors, a slot of
-            ``state_indices`` / ``inter_indices`` past its pool (not checked on a GPU: it would sync).
-    """
-    N, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    T = int(tokens_per_request)
-    if not 1 <= T <= 16:
-        raise ValueError(f"tokens_per_request must be in 1..16, got {T}")
-    if N % T != 0 or HV % H != 0:
-        raise ValueError(f"N={N} must be a multiple of tokens_per_request={T} and HV={HV} of H={H}")
-    B = N // T
-    if state_indices.shape[0] != B:
-        raise ValueError(f"state_indices has {state_indices.shape[0]} entries for {B} requests")
-    if gate == "kda":
-        kind = GATE_KDA if lower_bound is None else GATE_KDA_SAFE
-    elif gate == "gdn":
-        kind = GATE_GDN
-    else:
-        raise ValueError(f"gate must be 'kda' or 'gdn', got {gate!r}")
-    if state_layout not in ("kv", "vk"):
-        raise ValueError(f"state_layout must be 'kv' or 'vk', got {state_layout!r}")
-
-    def strides(t):
-        s0, s1, s2, s3 = t.stride()
-        return (s0, s1, s2, s3) if state_layout == "kv" else (s0, s1, s3, s2)
-
-    # The kernels load every index tensor as ``ptr + i``: unit stride (a strided column would read other
-    # requests' slots, issue 42); no copy when already contiguous, range-checked only on CPU (slot_index.py).
-    slot_pools = [(name, t.shape[0]) for name, t in (("state", state), ("replay_buffer", replay_buffer),
-                                                     ("replay_prev", replay_prev)) if t is not None]
-    state_indices = slot_indices("state_indices", state_indices, *slot_pools)
-    if inter_state is not None:
-        if inter_indices is None:
-            raise ValueError("inter_state given without inter_indices")
-        inter_indices = slot_indices("inter_indices", inter_indices.to(state_indices.dtype),
-                                     ("inter_state", inter_state.shape[0]))
-    if accept_prev is not None:
-        accept_prev = unit_stride(accept_prev.to(state_indices.dtype))
-    q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
-    o = out if out is not None else torch.empty_like(v)
-    BV = value_tile or pick_value_tile(B, HV, V, T, state_layout, device_value_tile_tuning(q.device), kind != GATE_GDN)
-    fused_replay = replay_prev is not None
-    if fused_replay and (accept_prev is None or (replay_buffer is not None and replay_prev.data_ptr() == replay_buffer.data_ptr())):
-        raise ValueError("replay_prev needs accept_prev and must be a different buffer from replay_buffer (ping-pong)")
-    save = inter_state is not None
-    deferred = replay_buffer is not None
-    if deferred:
-        commit = False
-        rw = K + (1 if kind == GATE_GDN else K) + 1 + V
-        if tuple(replay_buffer.shape[1:]) != (T - 1, HV, rw) or replay_buffer.dtype != torch.float32:
-            raise ValueError(f"replay_buffer must be FP32 [slots, {T - 1}, {HV}, {rw}], got {tuple(replay_buffer.shape)}")
-    if deferred and fused_replay and replay_buffer.stride(0) != replay_prev.stride(0):
-        raise ValueError("replay_buffer and replay_prev must have the same layout (ping-pong pair)")
-    flags = ((FLAG_COMMIT if commit else 0) | (FLAG_SAVE_INTER if save else 0) | (FLAG_DEFERRED if deferred else 0)
-             | (FLAG_REPLAY_PREV if fused_replay else 0))
-    # Index tensors share state_indices' dtype and stand-ins replace absent buffers, so every mode
-    # of a (shape, dtype, tile) launches the same binary (bit-exact replay, triton_recurrent.py).
-    idx_dtype = state_indices.dtype
-    form = form or "recurrent"
-    if form == "chunk":
-        if save or T > 8:
-            raise ValueError(f"form='chunk' serves windows of T <= 8 without inter_state (T={T}, inter_state={save})")
-        BVc = value_tile or window_value_tile(B, HV, V)
-        gated_delta_window_kernel[(triton.cdiv(V, BVc), B * HV)](
-            q, k, v, f, b, o, A_log, dt_bias, state, state_indices,
-            replay_buffer if deferred else state,
-            replay_prev if fused_replay else state,
-            accept_prev.to(idx_dtype) if fused_replay else state_indices,
-            K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound), *strides(state),
-            replay_buffer.stride(0) if deferred else (replay_prev.stride(0) if fused_replay else 0),
-            T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BVc, GATE=kind, L2NORM=l2norm,
-            COMMIT=commit, DEFERRED=deferred, REPLAY_PREV=fused_replay,
-            DOT_PREC=dot_precision or window_dot_precision(q.device),
-            num_warps=num_warps or window_num_warps(q.device),
-        )
-        return o
-    if form != "recurrent":
-        raise ValueError(f"form must be 'recurrent', 'chunk' or None, got {form!r}")
-    if wide is None:
-        wide = preload is None and use_wide_verify(B, T, state_layout)
-    tuning = device_value_tile_tuning(q.device)
-    if wide:
-        if save and strides(inter_state)[1:] != strides(state)[1:]:
-            raise ValueError(f"inter_state: the verify kernel needs the state pool's per-slot strides "
-                             f"{strides(state)[1:]}, got {strides(inter_state)[1:]} (make it contiguous like the pool)")
-        plain = not (save or deferred or fused_replay)
-        # whether the one-warp kernel's narrow tiles would run XRED (the tile rules below depend on it)
-        aligned = xred_aligned(state, inter_state if save else None)
-        xr_narrow = (use_xred(q.device, state_layout, state.stride(3), K, 4, num_warps or 1, aligned) if xred is None
-                     else bool(xred))
-        # a plain window the one-warp kernel would prepare (TOKPREP, which runs with XRED): its own tile rules
-        prepped = bool(xr_narrow) and tokprep is not False and use_tokprep(kind, T, plain, 1)
-        lanes = None
-        if state_layout == "vk":
-            if (key_lanes is None and value_tile is None and xred is None and state.stride(3) == 1
-                    and state.dtype == torch.float32):
-                lanes = pick_lanes_tile(B, HV, V, K, T, kind != GATE_GDN, tuning, plain, xr_narrow, prepped)
-            elif key_lanes:
-                if xred:
-                    raise ValueError(f"xred={xred} is a mode of the one-warp kernel; key_lanes={key_lanes} runs the lanes kernel")
-                lanes = (value_tile or 16, int(key_lanes))
-        if lanes is not None:
-            _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state if save else None,
-                          inter_indices.to(idx_dtype) if save else None, replay_buffer if deferred else None,
-                          replay_prev if fused_replay else None, accept_prev.to(idx_dtype) if fused_replay else None,
-                          K ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else float(lower_bound),
-                          flags, T, kind, l2norm, plain, *lanes, num_stages=num_stages or 1)
-            return o
-        BV = value_tile or (pick_wide_tile(B, HV, V, state_layout, tuning, T, kind != GATE_GDN, xr_narrow, prepped) if plain
-                            else pick_deferred_tile(B, HV, V, state_layout, tuning))
-        xr = (use_xred(q.device, state_layout, state.stride(3), K, BV, num_warps or 1, aligned, prepped) if xred is None
-              else int(xred))
-        if xr not in (0, 1, 2):
-            raise ValueError(f"xred must be 0, 1 or 2, got {xred!r}")
-        if xr and not xred_shape_ok(state_layout, state.stride(3), K, BV, num_warps or 1, aligned):
-            raise ValueError(f"xred={xr}: the one-warp kernel with one warp on a V-major pool with key stride 1, "
-                             f"65 <= K <= 128, 2 to 16 value columns and an aligned pool (recurrent.xred_aligned) "
-                             f"(state_layout={state_layout!r}, K={K}, value_tile={BV}, num_warps={num_warps or 1}, "
-                             f"aligned={aligned})")
-        seq = use_seq_key_sums(q.device, state_layout, state.stride(3), K, num_warps or 1, state)
-        tp = use_tokprep(kind, T, plain, xr) if tokprep is None else bool(tokprep)
-        if tp and not (plain and xr and 2 <= T <= 10):
-            raise ValueError(f"tokprep=True: plain windows of 2 to 10 tokens on the one-warp kernel with xred "
-                             f"(gate={gate!r}, T={T}, plain={plain}, xred={xr})")
-        kernel, extra = gated_delta_verify_wide_kernel, dict(PLAIN=plain, FAST=use_fast_gate(q.device, kind, T, BV, plain),
-                                                             XRED=xr, SEQ=seq, TOKPREP=tp)
-        warps = num_warps or 1
-    else:
-        if xred:
-            raise ValueError(f"xred={xred} is a mode of the one-warp kernel (wide=True); this call runs the register-tile "
-                             f"kernel")
-        kernel = gated_delta_recurrent_kernel
-        extra = dict(PRELOAD=recurrent_preload(BV, T, kind != GATE_GDN) if preload is None else bool(preload))
-        warps = num_warps or recurrent_num_warps(BV, T, state_layout)
-    grid = (triton.cdiv(V, BV), B * HV)
-    kernel[grid](
-        q, k, v, f, b, o,
-        A_log, dt_bias,
-        state, state_indices,
-        inter_state if save else state, inter_indices.to(idx_dtype) if save else state_indices,
-        replay_buffer if deferred else state,
-        replay_prev if fused_replay else state,
-        accept_prev.to(idx_dtype) if fused_replay else state_indices,
-        K ** -0.5 if scale is None else scale,
-        0.0 if lower_bound is None else float(lower_bound),
-        *strides(state),
-        *(strides(inter_state) if save else strides(state)),
-        replay_buffer.stride(0) if deferred else (replay_prev.stride(0) if fused_replay else 0),
-        flags,
-        T=T, H=H, HV=HV, K=K, V=V,
-        BK=triton.next_power_of_2(K), BV=BV,
-        GATE=kind, L2NORM=l2norm, **extra,
-        num_warps=warps,
-    )
-    return o
 
 
 # Longest windows use_tokprep prepares by itself (the kernel takes 2 to 10 tokens when asked, ``tokprep=True``): past
@@ -436,7 +188,7 @@ def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
     return bool(plain and xred and 2 <= tokens <= top)
 
 
-def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:
+def use_fast_gate(target: Target, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:
     """Whether a window of the one-warp verify kernel takes ``FAST`` (:func:`triton_recurrent._fexp`,
     ``_frcp``): the bounded KDA gate's and beta's exponentials and reciprocals as ``ex2.approx.ftz`` /
     ``rcp.approx.ftz`` instead of ``tl.exp`` / ``div.full``, which wrap the same MUFU instructions in
@@ -456,8 +208,7 @@ def use_fast_gate(device: torch.device, gate_kind: int, tokens: int, value_tile:
       two runs, outputs bit-identical): KDA T=4 B = 4 / 8 4.74-4.79 / 6.57-6.65 us vs 4.94-4.95 / 7.19; at 2
       columns (B = 1 / 2) +1.5 / -1.5 %, at 16 columns (B = 16 / 32) 0 / +0.8 %, KDA decode +1-2 %, GDN
       decode +0-3 %: off there. Issue 4."""
-    if gate_kind != GATE_KDA_SAFE or device.type != "cuda" or torch.version.hip is not None \
-            or os.environ.get("TRITON_INTERPRET") == "1":
+    if gate_kind != GATE_KDA_SAFE or target.vendor != "cuda" or target.interpreter:
         return False
     return (not plain) or (tokens > 1 and 4 <= value_tile < 16)
 
@@ -488,26 +239,26 @@ def xred_aligned(*pools: Optional[torch.Tensor]) -> bool:
 XRED_ARCHS = ("sm90",)
 
 
-def use_seq_key_sums(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, num_warps: int,
-                     state: torch.Tensor) -> bool:
+def use_seq_key_sums(target: Target, state_layout: str, key_stride: int, head_k_dim: int, num_warps: int,
+                     state_aligned: bool) -> bool:
     """``SEQ`` of the one-warp verify kernel (``triton_recurrent._key_sum``): every key sum through an in-order view
     of the thread's 4 keys, which keeps it a chain of FMAs under Triton 3.7+ (whose in-thread reductions are
     trees, triton-lang/triton#9220). Only where the state tile's layout is the one that view matches -- the
-    conditions of :func:`xred_shape_ok` apart from the value tile, with the alignment of the **state pool only**
+    conditions of :func:`xred_shape_ok` apart from the value tile, with the alignment of the **state pool only** (``state_aligned``, :func:`xred_aligned`)
     (every call of a window, with or without a snapshot pool, must answer alike: a replay adds as its verify
     did) -- on the CUDA archs the compile gate checks (:data:`XRED_ARCHS`), and in the interpreter (so the CPU tests
     run it). Elsewhere (ROCm, other key widths, unaligned pools) the view would convert layouts and could group a
     replay's sums unlike its verify's: off. H200, Triton 3.8, 2026-12-02 (docs/kernels.md at tag lab-history-2026-12-07, nineteenth round): KDA
     decode B=1 2.53 -> 2.48 us, KDA verify T=4 B = 32 / 128 17.17 / 50.98 -> 16.05 / 47.70 (with the lanes kernel's
     fold); under Triton 3.6 the binaries are unchanged."""
-    if not xred_shape_ok(state_layout, key_stride, head_k_dim, 4, num_warps, xred_aligned(state)):
+    if not xred_shape_ok(state_layout, key_stride, head_k_dim, 4, num_warps, state_aligned):
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if target.interpreter:
         return True
-    return (device.type == "cuda" and torch.version.hip is None and device_platform(device).arch in XRED_ARCHS)
+    return target.vendor == "cuda" and target.arch in XRED_ARCHS
 
 
-def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int,
+def use_xred(target: Target, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int,
              num_warps: int = 1, aligned: bool = True, prepped: bool = False) -> int:
     """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
     as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies after the in-order
@@ -527,9 +278,9 @@ def use_xred(device: torch.device, state_layout: str, key_stride: int, head_k_di
     GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off,
     except for ``prepped`` windows (a plain window that :func:`use_tokprep` would prepare, which needs ``XRED``).
     Issue 4."""
-    if device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1" \
+    if target.vendor != "cuda" or target.interpreter \
             or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps, aligned) \
-            or device_platform(device).arch not in XRED_ARCHS:
+            or target.arch not in XRED_ARCHS:
         return 0
     return int(value_tile < 16 or prepped)
 
@@ -619,7 +370,7 @@ LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON = (3, 7)
 LANES_PDL_PLAIN_PER_HEAD_MAX_TILE = 8
 
 
-def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool = True, value_tile: int = 16) -> bool:
+def lanes_pdl(target: Target, plain: bool = False, per_channel_decay: bool = True, value_tile: int = 16) -> bool:
     """Whether the lanes kernel starts as a programmatic dependent launch of its prologue (Triton
     ``launch_pdl``): it loads its state slice and replays the previous window's records while the
     prologue runs, and waits (``gdc_wait``) only before reading the prologue's outputs. NVIDIA sm_90 and
@@ -636,58 +387,15 @@ def lanes_pdl(device: torch.device, plain: bool = False, per_channel_decay: bool
     under 3.7+ too: H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-lanes_pdl_plain_small.json``, graph replay,
     states from HBM), GDN T=5 B=2 (8 columns) 7.38 -> 6.73 us with it, while the 16-column windows lost
     B = 4 / 8 / 16 / 32 10.88 / 17.51 / 29.88 / 50.78 -> 12.84 / 19.01 / 33.18 / 60.73 (issue 4, twentieth round)."""
-    import os
-
     if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0" or gdc_wait is None:
         return False
-    plat = device_platform(device)
-    if plat.device != "cuda" or not (plat.arch or "").startswith("sm"):
+    if target.vendor != "cuda" or not (target.arch or "").startswith("sm"):
         return False
-    if (plain and not per_channel_decay and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
+    if (plain and not per_channel_decay and target.triton_version >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
             and value_tile > LANES_PDL_PLAIN_PER_HEAD_MAX_TILE):
         return False
-    return int(plat.arch[2:]) >= 90
+    return int(target.arch[2:]) >= 90
 
-
-def _launch_lanes(q, k, v, f, b, o, A_log, dt_bias, state, state_indices, inter_state, inter_indices, replay_buffer,
-                  replay_prev, accept_prev, scale, lower_bound, flags, T, kind, l2norm, plain, BV, KL, num_stages=1):
-    """The per-token prologue and the lanes kernel (``triton_lanes.py``) for one step."""
-    N, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    B = N // T
-    if not lanes_shape_ok(K, V, BV, KL):
-        raise ValueError(f"key_lanes={KL} / value_tile={BV}: the lanes kernel needs a power-of-two K divisible by "
-                         f"4 * key_lanes and V divisible by value_tile (K={K}, V={V})")
-    if state.stride(3) != 1 or state.dtype != torch.float32:
-        raise ValueError("key_lanes: the lanes kernel needs an FP32 V-major pool [slots, HV, V, K] with key stride 1")
-    per_channel = kind != GATE_GDN
-    dev = q.device
-    qn, kn = (torch.empty(N, H, K, device=dev, dtype=torch.float32) for _ in range(2))
-    dec = torch.empty((N, HV, K) if per_channel else (N, HV), device=dev, dtype=torch.float32)
-    bq = torch.empty(N, HV, 2, device=dev, dtype=torch.float32)
-    hb = prep_heads_per_program(HV, N, device_value_tile_tuning(q.device).num_compute_units)
-    pdl = lanes_pdl(q.device, plain, per_channel, BV)
-    token_prep_kernel[(N, HV // hb)](
-        q, k, v, f, b, A_log, dt_bias, state_indices, qn, kn, dec, bq,
-        replay_buffer if replay_buffer is not None else bq, scale, lower_bound,
-        replay_buffer.stride(0) if replay_buffer is not None else 0, 1 if replay_buffer is not None else 0,
-        T=T, H=H, HV=HV, K=K, V=V, BK=K, BVR=triton.next_power_of_2(V), HB=hb, GATE=kind, L2NORM=l2norm, PDL=pdl,
-        num_warps=2 if hb == 8 else 1,
-    )
-    s0, s1, s2, _ = state.stride()
-    gated_delta_verify_lanes_kernel[(V // BV, B * HV)](
-        qn, kn, dec, bq, v, o, state, state_indices,
-        inter_state if inter_state is not None else state,
-        inter_indices if inter_indices is not None else state_indices,
-        replay_prev if replay_prev is not None else bq,
-        accept_prev if accept_prev is not None else state_indices,
-        s0, s1, s2, inter_state.stride(0) if inter_state is not None else s0,
-        replay_prev.stride(0) if replay_prev is not None else 0, flags,
-        T=T, H=H, HV=HV, K=K, V=V, BV=BV, KL=KL, PER_CHANNEL=per_channel, V_FIRST=lanes_v_first(),
-        FOLD=lanes_fold(q.device), PLAIN=plain,
-        SNAPSHOTS=not plain and inter_state is not None, PDL=pdl, num_warps=1, num_stages=num_stages,
-        **({"launch_pdl": True} if pdl else {}),
-    )
 
 
 def window_value_tile(batch: int, num_v_heads: int, head_v_dim: int) -> int:
@@ -695,14 +403,14 @@ def window_value_tile(batch: int, num_v_heads: int, head_v_dim: int) -> int:
     return min(32, max(16, triton.next_power_of_2(head_v_dim)))
 
 
-def window_num_warps(device: torch.device) -> int:
+def window_num_warps(target: Target) -> int:
     """Warps per program of the chunk-form window kernel: the spill-free configurations of the
     compile gate (32 columns: 4 warps on CDNA, whose FP32 ``tl.dot`` runs on MFMA; 8 on sm_90,
     whose FP32 ``tl.dot`` is an FMA loop holding whole K strips per thread)."""
-    return 4 if device_platform(device).device == "rocm" else 8
+    return 4 if target.vendor == "rocm" else 8
 
 
-def window_dot_precision(device: torch.device) -> str:
+def window_dot_precision(target: Target) -> str:
     """``tl.dot`` input precision of the chunk-form window: FP32 (``"ieee"``) on every platform
     (split TF32, ``"tf32x3"``, was faster on the H200 but spills at every spill-free tile)."""
     return "ieee"
@@ -823,68 +531,12 @@ def recurrent_num_warps(bv: int, tokens: int = 1, state_layout: str = "kv") -> i
     return max(1, bv // 16)
 
 
-def replay_commit(
-    state: torch.Tensor,
-    state_indices: torch.Tensor,
-    accept_lens: torch.Tensor,
-    replay_buffer: torch.Tensor,
-    head_k_dim: int,
-    gate: str = "gdn",
-    state_layout: str = "kv",
-    value_tile: Optional[int] = None,
-    num_warps: Optional[int] = None,
-    *,
-    preload: Optional[bool] = None,
-    num_k_heads: Optional[int] = None,
-    activation_dtype: torch.dtype = torch.bfloat16,
-    lower_bound: Optional[float] = None,
-    l2norm: bool = True,
-    form: Optional[str] = None,
-    key_lanes: Optional[int] = None,
-) -> None:
-    """Deferred commit: rebuild each request's accepted state in place (seeds digest item 12).
 
-    Runs the verify kernel itself with the previous window replayed and a window of
-    neutral tokens (gate input and beta at -inf: decay exactly 1, update exactly 0), so
-    the replay executes in the same compiled binary as the verify that wrote the buffer
-    and as a verify writing every snapshot: the rebuilt state equals that snapshot bit
-    for bit on a GPU too (register layouts, hence reduction order, are the binary's).
-    That holds when the arguments below match the verify call's; else the result is
-    still correct to FP32 rounding.
 
-    Args:
-        state: the pool the verify wrote token 0's state into (same layout flag).
-        state_indices: ``[B]`` slots (negative = padding).
-        accept_lens: ``[B]`` accepted tokens of the window, token 0 included (1..T).
-        replay_buffer: the buffer the DEFERRED verify filled, ``[slots, T - 1, HV, RW]``.
-        head_k_dim: ``K``; gate: ``"kda"`` or ``"gdn"``.
-        value_tile, num_warps, preload, key_lanes: the verify call's (``None``: the same defaults).
-        num_k_heads: the verify's q/k heads ``H`` (``None``: ``HV``);
-        activation_dtype: its q/k/v/gate/beta dtype; lower_bound, l2norm: its arguments.
-        form: the verify's ``form`` (``"chunk"``: the replay runs the chunk-form window kernel,
-            equal to the recurrent replay to FP32 rounding, not bit for bit).
+def lanes_fold(target: Target) -> bool:
+    """``FOLD`` of the lanes kernel: its key-block sums in index order (``triton_lanes._lanes_sum``). On CUDA and in
+    the interpreter; not on ROCm, where the fold was compiled (gfx942 / gfx950: 136 -> 170 VGPRs for KDA on gfx950,
+    140 -> 174 for GDN's all-modes binary on gfx942, one wave per SIMD less) but never run. Every call of one
+    process answers alike, so a window and its replays agree. Issue 4, nineteenth round."""
+    return target.interpreter or target.vendor == "cuda"
 
-    Raises:
-        ValueError: ``gate`` unknown or the buffer's row width does not fit ``head_k_dim``.
-    """
-    if gate not in ("kda", "gdn"):
-        raise ValueError(f"gate must be 'kda' or 'gdn', got {gate!r}")
-    B = state_indices.shape[0]
-    _, Tm1, HV, rw = replay_buffer.shape
-    K = head_k_dim
-    gk = K if gate == "kda" else 1
-    V = rw - K - gk - 1
-    if V <= 0:
-        raise ValueError(f"replay_buffer rows of {rw} floats do not fit head_k_dim={K} ({gate})")
-    T, H = Tm1 + 1, num_k_heads or HV
-    N, dev, dt = B * T, state.device, activation_dtype
-    q = torch.zeros(N, H, K, device=dev, dtype=dt)
-    v = torch.zeros(N, HV, V, device=dev, dtype=dt)
-    f = torch.full((N, HV) if gate == "gdn" else (N, HV, K), float("-inf"), device=dev, dtype=dt)
-    b = torch.full((N, HV), float("-inf"), device=dev, dtype=dt)
-    A_log = torch.zeros(HV, device=dev)
-    dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
-    gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
-                                 state_layout=state_layout, commit=True, value_tile=value_tile, num_warps=num_warps,
-                                 preload=preload, form=form, key_lanes=key_lanes,
-                                 out=torch.empty_like(v), replay_prev=replay_buffer, accept_prev=accept_lens)
