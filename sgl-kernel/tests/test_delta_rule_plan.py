@@ -76,3 +76,18 @@ def test_plans_describe_what_they_launch():
     assert c.describe() == "chunk64 [sm90x132] TF32 state BV=32 fused-o"
     s = plan_mod.plan_chunk([64], 12, 128, GATE_KDA_SAFE, -5.0, torch.float32, H200)
     assert s.describe() == "sequential BT=16 BV=32 w8"
+
+
+def test_rule_measurements_are_data_beside_the_rules():
+    """Each record of ``tiles.json``'s ``measurements`` belongs to a rule of ``recurrent/rules.py`` whose docstring
+    points at it, and holds dated H200 figures (the tables that used to live in the docstrings)."""
+    import os
+
+    from sgl_hybrid_kernel.delta_rule.recurrent import rules
+
+    with open(os.path.join(os.path.dirname(rules.__file__), "tiles.json")) as fh:
+        records = json.load(fh)["measurements"]
+    assert {"pick_wide_tile", "pick_lanes_tile", "use_xred", "use_tokprep"} <= set(records)
+    for name, text in records.items():
+        assert f'measurements["{name}"]' in getattr(rules, name).__doc__
+        assert "H200" in text and "2026-1" in text

@@ -3,7 +3,7 @@ chosen (issue 43).
 
 A plan is a pure function of the computation's shapes and a :class:`~sgl_hybrid_kernel.platform.Target`
 (vendor, arch, compute units, interpreter, Triton version), read from the per-architecture tables beside the
-rules (``recurrent_tiles.json``; the chunk-64 launch table ``chunk_launch.json``). The wrappers take a plan
+rules (``recurrent/tiles.json``; the chunk-64 launch table ``chunk/launch.json``). The wrappers take a plan
 (``plan=``) or make the default one; the dispatcher logs it; the compile gate and the benchmarks enumerate
 plans; ``docs/kernels.md``'s dispatch table is generated from them (:func:`dispatch_table_markdown`).
 
@@ -58,7 +58,7 @@ class RecurrentPlan:
             (``gated_delta_recurrent_kernel``), ``"lanes"`` (``triton_lanes.token_prep_kernel`` +
             ``gated_delta_verify_lanes_kernel``) or ``"window"`` (``triton_window.gated_delta_window_kernel``).
         value_tile: value columns per program; num_warps: warps per program (the lanes kernel's).
-        table: the tile table's name (``recurrent_tiles.json`` row or ``default(<arch>x<CUs>)``).
+        table: the tile table's name (``recurrent/tiles.json`` row or ``default(<arch>x<CUs>)``).
         fast, xred, seq, tokprep: one-warp kernel modes (``FAST``, ``XRED``, ``SEQ``, ``TOKPREP``).
         preload: register-tile kernel's ``PRELOAD``.
         key_lanes, pdl, fold, v_first, prep_heads, prep_warps, num_stages: the lanes pair's ``KL``, programmatic
@@ -193,7 +193,7 @@ def plan_recurrent(batch: int, tokens: int, num_k_heads: int, num_v_heads: int, 
         raise ValueError(f"xred must be 0, 1 or 2, got {o.xred!r}")
     if xr and not rules.xred_shape_ok(state_layout, key_stride, K, bv, warps1, pools_aligned):
         raise ValueError(f"xred={xr}: the one-warp kernel with one warp on a V-major pool with key stride 1, "
-                         f"65 <= K <= 128, 2 to 16 value columns and an aligned pool (recurrent_rules.xred_aligned) "
+                         f"65 <= K <= 128, 2 to 16 value columns and an aligned pool (recurrent.rules.xred_aligned) "
                          f"(state_layout={state_layout!r}, K={K}, value_tile={bv}, num_warps={warps1}, "
                          f"aligned={pools_aligned})")
     seq = rules.use_seq_key_sums(target, state_layout, key_stride, K, warps1, state_aligned)
@@ -269,7 +269,7 @@ class ChunkPlan:
 
     Attributes:
         method: ``"parallel"`` (chunk-64, ``triton_chunk_parallel.py``) or ``"sequential"`` (``triton_chunk.py``).
-        launch: the chunk-64 table row (``chunk_launch.json``; ``None`` for the sequential kernel).
+        launch: the chunk-64 table row (``chunk/launch.json``; ``None`` for the sequential kernel).
         tf32: TF32 products allowed; scratch_dtype: the chunk-64 intermediates' dtype (``None``: FP32).
         group_chunks: chunks per group of the group-scan state pass (``None``: the plain pass);
             group_scan_choice: ``(impl, reason)`` to log as op ``delta_rule_prefill_group_scan`` (``None``: none made).

@@ -1,7 +1,7 @@
 """Launch tables and rules of the chunk-64 prefill (issue 4, issue 9), as functions of shapes and a
 :class:`~sgl_hybrid_kernel.platform.Target`; :func:`sgl_hybrid_kernel.delta_rule.plan.plan_chunk` combines them
 into a plan and ``chunk.parallel.launch_params`` turns a plan's table row into the launches. The rows are
-``chunk_launch.json`` (each with the measurement it came from).
+``launch.json`` beside this file (each with the measurement it came from).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Tile and mode rules of the decode / verify kernels (issue 4), as functions of shapes and a
 :class:`~sgl_hybrid_kernel.platform.Target`; :func:`sgl_hybrid_kernel.delta_rule.plan.plan_recurrent` is
 the one caller that combines them into a plan. The per-architecture numbers they read are rows of
-``recurrent_tiles.json`` (each with the measurement it came from); the measurements behind each rule are
-cited in its docstring.
+``tiles.json`` beside this file (each with the measurement it came from); the measurements behind the larger
+rules are that file's ``measurements`` (one record per rule function), the others are cited in their docstrings.
 """
 
 from __future__ import annotations
@@ -167,19 +167,13 @@ TOKPREP_MAX_TOKENS_KDA = 4
 
 
 def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
-    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window of 2 to
-    :data:`TOKPREP_MAX_TOKENS_GDN` (6, GDN) or :data:`TOKPREP_MAX_TOKENS_KDA` (4, KDA) tokens taking the reduce-scatter
-    (``xred``) computes every token's norms, ``q.k``, decay and beta before the state's
-    chain instead of each program repeating them per token in it: GDN's per-head decays one token per lane, KDA's
-    (either gate) per-key decays as one ``[K, T]`` tile. Prepared windows take their own tile rules (``prepped`` in
-    :func:`pick_wide_tile` / :func:`pick_lanes_tile`: never the lanes kernel).
+    """``TOKPREP`` of the one-warp verify kernel (``triton_recurrent._verify_plain_prepped``): a plain window of
+    2 to :data:`TOKPREP_MAX_TOKENS_GDN` (GDN) or :data:`TOKPREP_MAX_TOKENS_KDA` (KDA) tokens taking the reduce-scatter
+    (``xred``) computes every token's norms, ``q.k``, decay and beta before the state's chain. Prepared windows take
+    their own tile rules (``prepped`` in :func:`pick_wide_tile` / :func:`pick_lanes_tile`: never the lanes kernel).
     ``SGL_HYBRID_TOKPREP=0`` turns it off, ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only.
 
-    KDA, H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_tokprep_kda_*.json``, graph replay, states from HBM,
-    8ee1b9e's package in the same process; sm_90 T=4 4-column binary 1,224 -> 1,032 SASS instructions, 116 -> 87
-    shuffles): KDA T=4 B = 1 / 2 / 3 / 4 / 8: 3.10 / 3.60 / 4.22 / 4.44 / 6.36 -> 2.90 / 3.38 / 3.93 / 4.14 / 5.53 µs,
-    1.17 / 1.19 / 1.24 / 1.15 / 1.07x their decode (were 1.26 / 1.27 / 1.32 / 1.24 / 1.24x). Issue 4 (twenty-second
-    round, docs/kernels.md at tag lab-history-2026-12-07; KDA: twenty-third round)."""
+    Measurements: ``tiles.json`` ``measurements["use_tokprep"]``."""
     if os.environ.get("SGL_HYBRID_TOKPREP", "1") == "0":
         return False
     if gate_kind != GATE_GDN and os.environ.get("SGL_HYBRID_TOKPREP_KDA", "1") == "0":
@@ -190,24 +184,13 @@ def use_tokprep(gate_kind: int, tokens: int, plain: bool, xred: int) -> bool:
 
 def use_fast_gate(target: Target, gate_kind: int, tokens: int, value_tile: int, plain: bool) -> bool:
     """Whether a window of the one-warp verify kernel takes ``FAST`` (:func:`triton_recurrent._fexp`,
-    ``_frcp``): the bounded KDA gate's and beta's exponentials and reciprocals as ``ex2.approx.ftz`` /
-    ``rcp.approx.ftz`` instead of ``tl.exp`` / ``div.full``, which wrap the same MUFU instructions in
-    denormal and range fix-ups (equal results wherever no operand or result is denormal or above
-    ``2^126``). CUDA only (not ROCm, not the interpreter, which has no inline assembly), bounded KDA gate:
+    ``_frcp``: the bounded KDA gate's and beta's exponentials and reciprocals as ``ex2.approx.ftz`` /
+    ``rcp.approx.ftz`` without ``tl.exp`` / ``div.full``'s denormal and range fix-ups; equal results wherever no
+    operand or result is denormal or above ``2^126``). CUDA only (not ROCm, not the interpreter), bounded KDA gate:
+    the all-modes binary always (every mode of a window keeps one binary), plain windows (``tokens > 1``) at 4- and
+    8-column tiles.
 
-    * the all-modes binary (snapshots, deferred commit, fused replay, :func:`replay_commit`) always, so that
-      every mode of a window still runs one binary (the deferred replay applies the stored decays with the
-      same ``_fexp``). H200, 2026-12-01 (``2026-12-01-h200-snapshots_fastgate_{off,on}.json``, two runs, outputs
-      and snapshots bit-identical; ``..._deferred_exact_fastgate.json``: every deferred / fused-replay
-      check bit-exact): KDA T=4 snapshot windows, what SGLang's ``target_verify`` asks, B = 1 / 2 / 4 / 8 /
-      16 / 32: 4.16 / 4.83-4.89 / 6.11-6.18 / 9.63-9.79 / 18.83-19.06 / 35.52-36.06 us -> 3.99-4.00 /
-      4.57-4.64 / 5.86-5.87 / 9.56-9.65 / 18.83 / 35.45-35.54;
-    * plain windows (``tokens > 1``) at 4- and 8-column tiles, where the per-token instructions, which every
-      program of a head repeats, bound the window (the T=4 binary at 8 columns: 2,136 SASS instructions
-      instead of 2,352). H200 (``2026-12-01-h200-verify_fastgate*.json``, graph replay, states from HBM,
-      two runs, outputs bit-identical): KDA T=4 B = 4 / 8 4.74-4.79 / 6.57-6.65 us vs 4.94-4.95 / 7.19; at 2
-      columns (B = 1 / 2) +1.5 / -1.5 %, at 16 columns (B = 16 / 32) 0 / +0.8 %, KDA decode +1-2 %, GDN
-      decode +0-3 %: off there. Issue 4."""
+    Measurements: ``tiles.json`` ``measurements["use_fast_gate"]``."""
     if gate_kind != GATE_KDA_SAFE or target.vendor != "cuda" or target.interpreter:
         return False
     return (not plain) or (tokens > 1 and 4 <= value_tile < 16)
@@ -241,16 +224,14 @@ XRED_ARCHS = ("sm90",)
 
 def use_seq_key_sums(target: Target, state_layout: str, key_stride: int, head_k_dim: int, num_warps: int,
                      state_aligned: bool) -> bool:
-    """``SEQ`` of the one-warp verify kernel (``triton_recurrent._key_sum``): every key sum through an in-order view
-    of the thread's 4 keys, which keeps it a chain of FMAs under Triton 3.7+ (whose in-thread reductions are
-    trees, triton-lang/triton#9220). Only where the state tile's layout is the one that view matches -- the
-    conditions of :func:`xred_shape_ok` apart from the value tile, with the alignment of the **state pool only** (``state_aligned``, :func:`xred_aligned`)
-    (every call of a window, with or without a snapshot pool, must answer alike: a replay adds as its verify
-    did) -- on the CUDA archs the compile gate checks (:data:`XRED_ARCHS`), and in the interpreter (so the CPU tests
-    run it). Elsewhere (ROCm, other key widths, unaligned pools) the view would convert layouts and could group a
-    replay's sums unlike its verify's: off. H200, Triton 3.8, 2026-12-02 (docs/kernels.md at tag lab-history-2026-12-07, nineteenth round): KDA
-    decode B=1 2.53 -> 2.48 us, KDA verify T=4 B = 32 / 128 17.17 / 50.98 -> 16.05 / 47.70 (with the lanes kernel's
-    fold); under Triton 3.6 the binaries are unchanged."""
+    """``SEQ`` of the one-warp verify kernel (``triton_recurrent._key_sum``): every key sum through an in-order
+    view of the thread's 4 keys, a chain of FMAs under Triton 3.7+ (whose in-thread reductions are trees), so replays
+    add as their verify did. Only where the state tile's layout matches that view -- :func:`xred_shape_ok` but the
+    value tile, with the alignment of the **state pool only** (``state_aligned``, :func:`xred_aligned`: every call of
+    a window must answer alike) -- on the CUDA archs of :data:`XRED_ARCHS`, and in the interpreter (so the CPU tests
+    run it).
+
+    Measurements: ``tiles.json`` ``measurements["use_seq_key_sums"]``."""
     if not xred_shape_ok(state_layout, key_stride, head_k_dim, 4, num_warps, state_aligned):
         return False
     if target.interpreter:
@@ -260,24 +241,13 @@ def use_seq_key_sums(target: Target, state_layout: str, key_stride: int, head_k_
 
 def use_xred(target: Target, state_layout: str, key_stride: int, head_k_dim: int, value_tile: int,
              num_warps: int = 1, aligned: bool = True, prepped: bool = False) -> int:
-    """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and ``q.S'``
-    as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies after the in-order
-    sums of ``SEQ``, which the kernel turns on with it): 1 (CUDA shuffles)
-    below 16 columns, else 0. CUDA only (inline PTX; not ROCm, where it is untested, not the interpreter), on the
-    archs of :data:`XRED_ARCHS` (those whose compiled shuffle layouts the compile gate checks: the lane arithmetic
-    assumes Triton's layouts there), inside :func:`xred_shape_ok`. Decode, plain verify and every all-modes window
-    alike: states are the same bits either way (outputs too, except the all-modes binary's, which also takes the
-    norms by reduce-scatter and moves ``o`` by FP32 rounding: ``triton_recurrent._verify_per_token``'s ``XNORM``), so
-    a window and its replays need not agree on it.
+    """``XRED`` of the one-warp verify kernel (``triton_recurrent._xred_pair``: each token's ``k.S'`` and
+    ``q.S'`` as one reduce-scatter across the warp, bit-identical to Triton's per-column butterflies after the
+    in-order sums of ``SEQ``): 1 (CUDA shuffles) below 16 columns, or at any tile of a ``prepped`` window (which
+    needs it), else 0. CUDA only, on the archs of :data:`XRED_ARCHS` (whose shuffle layouts the compile gate checks),
+    inside :func:`xred_shape_ok`. A window and its replays need not agree on it (states are the same bits).
 
-    H200, 2026-12-02 (``2026-12-02-h200-verify_xred_*.json``, graph replay, states from HBM, ``8f58609``'s package in
-    the same process, outputs and states bit-identical, every deferred / fused-replay check bit-exact), µs:
-    KDA decode B = 1 / 2 / 4 (4 columns) 2.55 / 2.93 / 3.69 -> 2.43 / 2.82 / 3.61; KDA T=4 plain verify B = 4 / 8
-    4.79 / 6.71 -> 4.32 / 5.98, B = 1 / 2 (4 columns, :func:`pick_wide_tile`) 3.31 / 3.94 -> 3.06 / 3.53; KDA T=4
-    snapshot windows B = 1 / 2 / 8 4.02 / 4.61 / 9.50 -> 3.84 / 4.40 / 9.28 (B = 4 / 16 +2 %); GDN decode within 1 %;
-    GDN T=5 snapshots B = 4 / 8 +2 / -3 %. At 16 columns (KDA decode B=32, plain verify B >= 16) 0 to +3 %: off,
-    except for ``prepped`` windows (a plain window that :func:`use_tokprep` would prepare, which needs ``XRED``).
-    Issue 4."""
+    Measurements: ``tiles.json`` ``measurements["use_xred"]``."""
     if target.vendor != "cuda" or target.interpreter \
             or not xred_shape_ok(state_layout, key_stride, head_k_dim, value_tile, num_warps, aligned) \
             or target.arch not in XRED_ARCHS:
@@ -296,54 +266,17 @@ def lanes_shape_ok(head_k_dim: int, head_v_dim: int, value_tile: int, key_lanes:
 def pick_lanes_tile(batch: int, num_v_heads: int, head_v_dim: int, head_k_dim: int, tokens: int,
                     per_channel_decay: bool, tuning: Optional[ValueTileTuning] = None,
                     plain: bool = True, xred: bool = False, prepped: bool = False) -> Optional[Tuple[int, int]]:
-    """``(value_tile, key_lanes)`` of the lanes kernel (``triton_lanes.py``) for a step on the
-    V-major pool, or ``None`` for the one-warp kernel. Shapes outside the lanes kernel's contract
-    (:func:`lanes_shape_ok`) always take that ordinary path.
+    """``(value_tile, key_lanes)`` of the lanes kernel (``triton_lanes.py``) for a step on the V-major pool,
+    or ``None`` for the one-warp kernel; shapes outside :func:`lanes_shape_ok` always take the one-warp kernel.
 
-    16 columns, 8 of the warp's lanes on the keys (16 keys each) and 4 on the columns (4 each):
+    16 columns, 8 key lanes: plain verify windows (either gate) once the 16-column grid has at least
+    ``tuning.lanes_per_cu`` programs per compute unit; below that GDN's at 8 columns once that grid has
+    ``tuning.lanes_narrow_per_cu`` (``tuning.lanes_narrow_xred_per_cu`` where the one-warp kernel runs ``XRED``);
+    GDN's all-modes windows (snapshots, deferred commit, fused replay, :func:`replay_commit`; the choice ignores
+    ``tokens``, so a window and its replays take one kernel) from ``tuning.lanes_all_modes_per_cu``. Never decode,
+    KDA's all-modes windows, or a ``prepped`` plain window (:func:`use_tokprep`).
 
-    * plain verify windows (``tokens > 1``, ``plain``), either gate, once the grid at 16 columns has at
-      least ``tuning.lanes_per_cu`` (8) programs per compute unit (H200: KDA 12 heads B >= 11, GDN 48
-      value heads B >= 3); below that, GDN's (per-head decay) at 8 columns x 8 key lanes once that grid
-      has ``tuning.lanes_narrow_per_cu`` (4) programs per compute unit (48 value heads: B = 1, 2). H200,
-      2026-12-01 (``2026-12-01-h200-lanes_small_batches.json``, the prologue a programmatic dependent
-      launch): GDN T=5 B = 1 / 2: 5.56 -> 5.36, 7.92 -> 6.87 µs; KDA's small batches were slower or equal on
-      every lanes tile (B = 4: 5.18 -> 5.76 at best; B = 8: 7.32 -> 7.27 at 16 columns, 7.89 at 8), so they stay;
-    * every other mode (snapshots: the all-modes binary; deferred commit, fused replay, :func:`replay_commit`:
-      the deferred binary, ``triton_lanes.py``) with a
-      per-head gate (GDN) from ``tuning.lanes_all_modes_per_cu`` (64) programs per compute unit (B >= 22).
-      Below that, the snapshot windows SGLang's verify writes were slower on the lanes kernel (B = 4 /
-      8 / 16: 23.71 -> 27.41, 44.65 -> 46.79, 86.06 -> 87.70 µs) while deferred ones were faster (B=16:
-      61.63 -> 43.97); from B = 32 snapshots are equal (168.20 -> 166.86). This choice ignores ``tokens``,
-      so a deferred window, the next window's fused replay and :func:`replay_commit` of it take the same
-      kernel and tile (bit-exact replay). KDA's all-modes windows stay on the one-warp kernel (not timed
-      on the lanes kernel).
-
-    ``xred``: the one-warp kernel would run ``XRED`` (:func:`use_xred`); GDN's narrow lanes tile then needs
-    ``tuning.lanes_narrow_xred_per_cu`` (8) programs per compute unit at 8 columns (48 value heads: B >= 2). H200,
-    2026-12-02 (``2026-12-02-h200-verify_xred_tiles.json``), GDN T=5 B=1: lanes 8 x 8 5.41 us, one-warp ``XRED``
-    at 4 columns 4.75; B=2: 6.68-6.90 vs 6.69 at 8 columns (kept on the lanes kernel).
-
-    ``prepped``: a plain window the one-warp kernel would prepare (``TOKPREP``, :func:`use_tokprep`), either gate, never
-    takes the lanes kernel: the prepared one-warp kernel (since its first-level reduce-scatter without selects) was
-    faster at every batch timed. H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-verify_prepped_lanes*.json``,
-    ``..._verify_swap_tiles.json``, docs/kernels.md at tag lab-history-2026-12-07 twenty-third round), lanes -> one-warp prepared at its
-    :func:`pick_wide_tile` tile, µs: KDA T=4 B = 12 / 16 / 24 / 32 / 64 / 128 / 160 8.57 / 9.46 / 13.99 / 15.76 / 27.08 /
-    46.88 / 56.41 -> 7.07 / 9.15 / 11.13 / 13.69 / 22.66 / 41.11 / 50.72 (8 columns); GDN T=5 B = 24 / 32 / 64 / 96 / 128 /
-    160 40.42 / 51.38 / 91.51 / 129.42 / 179.01 / 232.40 -> 36.78 / 47.61 (8 columns) / 88.09 / 129.42 / 168.03 / 211.21
-    (16 columns). (Before it, twenty-second round: GDN T=5 B = 2 / 3 / 4 / 6 / 8 / 16 6.82 -> 6.19, 10.05 -> 8.41,
-    10.99 -> 9.77, 15.72 -> 12.92, 17.64 -> 16.12, 29.93 -> 28.42 µs on the one-warp kernel.)
-
-    Decode (``tokens == 1`` plain) stays on the one-warp kernel: the lanes kernel was 10-60 % slower
-    there at every batch (decode is at the state read + write floor already).
-
-    H200, 2026-11-30 (``2026-11-30-h200-lanes_final.json``, graph replay, states from HBM, µs, one-warp
-    kernel -> lanes): GDN verify T=5 B = 4 / 8 / 16 / 32 / 128: 12.35 -> 11.22, 22.02 -> 17.90,
-    41.19 -> 31.10, 77.23 -> 55.57, 288.57 -> 202.60; KDA verify T=4 B = 16 / 32 / 128: 10.92 -> 10.73,
-    19.06 -> 17.45, 66.67 -> 55.66 (B = 4 / 8, under 8 programs per SM: 5.45 -> 6.98, 7.41 -> 8.35, so
-    not taken); GDN deferred T=5 B=32: 117.00 -> 86.58, with the previous window's replay fused
-    132.94 -> 99.17. 32 columns and 4 key lanes were slower or equal in every row but one
-    (``2026-11-30-h200-lanes_sweep1.json``)."""
+    Measurements: ``tiles.json`` ``measurements["pick_lanes_tile"]`` and the row's ``evidence``."""
     tuning = tuning or INTERPRETER_TUNING
     if plain and tokens == 1:
         return None
@@ -372,21 +305,12 @@ LANES_PDL_PLAIN_PER_HEAD_MAX_TILE = 8
 
 def lanes_pdl(target: Target, plain: bool = False, per_channel_decay: bool = True, value_tile: int = 16) -> bool:
     """Whether the lanes kernel starts as a programmatic dependent launch of its prologue (Triton
-    ``launch_pdl``): it loads its state slice and replays the previous window's records while the
-    prologue runs, and waits (``gdc_wait``) only before reading the prologue's outputs. NVIDIA sm_90 and
-    newer with a Triton that has grid dependency control; never on ROCm or CPU. ``SGL_HYBRID_LANES_PDL=0``
-    turns it off (issue 4, 2026-12-01: H200 figures in docs/kernels.md at tag lab-history-2026-12-07, tenth round).
+    ``launch_pdl``; it waits, ``gdc_wait``, only before reading the prologue's outputs). NVIDIA sm_90 and newer with a
+    Triton that has grid dependency control; never on ROCm or CPU; ``SGL_HYBRID_LANES_PDL=0`` turns it off. Not for
+    a plain window with a per-head decay (GDN) over :data:`LANES_PDL_PLAIN_PER_HEAD_MAX_TILE` columns under Triton
+    >= :data:`LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON`.
 
-    Not for a plain window with a per-head decay (GDN; ``plain`` and not ``per_channel_decay``) under
-    Triton >= 3.7 (:data:`LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON`): H200, Triton 3.8, 2026-12-02
-    (docs/kernels.md at tag lab-history-2026-12-07, nineteenth round), GDN T=5 B = 32 / 128 60.74 / 224.23 us with it, 50.93 / 177.32
-    without (the lanes kernel itself 58.6 -> 48.4 us, its binary the same apart from the wait); KDA's plain
-    windows 16.50 / 47.85 with it, 17.52 / 49.67 without, GDN deferred windows 68.49 / 68.59. Triton 3.6
-    gained from it in every mode (GDN plain B=32 49.40 vs 49.85), so it keeps it. The narrow tile of a plain GDN
-    window (``value_tile`` <= :data:`LANES_PDL_PLAIN_PER_HEAD_MAX_TILE`, ``pick_lanes_tile``'s 8 columns) keeps it
-    under 3.7+ too: H200, Triton 3.8, 2026-12-02 (``2026-12-02-h200-lanes_pdl_plain_small.json``, graph replay,
-    states from HBM), GDN T=5 B=2 (8 columns) 7.38 -> 6.73 us with it, while the 16-column windows lost
-    B = 4 / 8 / 16 / 32 10.88 / 17.51 / 29.88 / 50.78 -> 12.84 / 19.01 / 33.18 / 60.73 (issue 4, twentieth round)."""
+    Measurements: ``tiles.json`` ``measurements["lanes_pdl"]``."""
     if os.environ.get("SGL_HYBRID_LANES_PDL", "1") == "0" or gdc_wait is None:
         return False
     if target.vendor != "cuda" or not (target.arch or "").startswith("sm"):
@@ -429,52 +353,22 @@ def use_wide_verify(batch: int, tokens: int, state_layout: str = "vk") -> bool:
 def pick_wide_tile(batch: int, num_v_heads: int, head_v_dim: int, state_layout: str = "vk",
                    tuning: Optional[ValueTileTuning] = None, tokens: int = 1, per_channel_decay: bool = False,
                    xred: bool = False, prepped: bool = False) -> int:
-    """Value columns per one-warp program of the verify kernel's ``PLAIN`` binary (V-major pool:
-    SGLang's; K-major: fla's).
+    """Value columns per one-warp program of the verify kernel's ``PLAIN`` binary (V-major pool: SGLang's;
+    K-major: fla's).
 
-    * Decode (``tokens == 1``), V-major: 4 columns with a per-head gate (GDN) at every batch, and
-      with a per-channel gate (KDA) while ``B * HV * V / 4`` programs are at most
-      ``tuning.narrow_decode_per_cu`` per compute unit or at least ``tuning.narrow_decode_large_per_cu``,
-      16 in between. A 4-column program re-reads its token's q, k (and KDA's per-channel gate input)
-      for a quarter of the state rows of a 16-column one, which pays while the grid is small (more
-      programs in flight per SM hide the state load). H200, 2026-11-30 (``2026-11-30-h200-decode_verify_tiles.json``,
-      graph replay, states from HBM): KDA (12 heads) B = 2 / 4 / 8: 2.83 / 3.71 / 5.52 us vs
-      3.42 / 3.88 / 5.84 with the earlier rule; GDN (48 value heads) B = 1 / 2 / 8: 3.26 / 5.42 /
-      15.08 vs 3.46 / 5.86 / 15.50 (B = 4: 9.01 vs 8.90, the one batch where 16 columns won).
-      16 columns win only while their grid fits one wave (about 12 programs per SM); past that, 4 columns
-      win again: H200, Triton 3.8, 2026-12-03 (``2026-12-03-h200-kda_decode_tiles*.json``, two processes each), KDA
-      B = 12 / 16 / 17 / 19 / 21 / 24 / 32 / 64 / 128 / 256 at 4 vs 16 columns: 6.88-6.92 / 8.66-8.67 / 9.14-9.21 /
-      9.90-10.01 / 10.73-10.84 / 11.79-11.81 / 15.02-15.10 / 28.03-28.09 / 53.33-53.51 / 104.80-104.99 vs
-      6.87-6.88 / 8.20-8.22 / 10.06-10.16 / 10.96-11.07 / 11.65-11.78 / 12.46-12.47 / 15.21-15.34 / 28.56-28.65 /
-      53.96-54.08 / 105.16-105.92 us (12 heads: 16 columns for B = 12-16, 4 from 17).
-    * Plain verify windows (``tokens > 1``), V-major: 16 columns, halved (to 4 at least; 2 for KDA) while
-      ``B * HV * V / BV`` programs fall short of ``tuning.verify_waves`` waves: each token's
-      dependent chain is long, so the grid needs more programs in flight than decode's.
-      H200, same run: KDA T=4 B = 2 / 4 / 8: 4.27 / 5.11 / 7.44 us vs 4.70 / 7.00 / 8.22 with 2
-      waves; GDN T=5 B = 1 / 2: 5.71 / 8.05 vs 7.86 / 8.70. With a per-channel gate (KDA) the halving
-      goes on to 2 columns: H200, 2026-12-01 (``2026-12-01-h200-verify_bv2*.json``, four runs), KDA T=4
-      B = 1 / 2: 3.27-3.30 / 3.89-3.94 us vs 3.42-3.43 / 3.97-4.01 at 4 columns (B=4, which stops at 4:
-      5.80 vs 4.86; 1 column: 3.53 at B=1; GDN at 2 columns was slower at every batch). ``xred`` (the kernel
-      runs ``XRED``, :func:`use_xred`): the halving stops at 4 columns for KDA too. H200, 2026-12-02
-      (``2026-12-02-h200-verify_xred_tiles.json``), KDA T=4 with ``XRED``, B = 1 / 2: 3.06 / 3.53 us at 4 columns
-      vs 3.17 / 3.77 at 2.
-    * ``prepped`` (a plain window whose per-token scalars the kernel computes first, ``TOKPREP``,
-      :func:`use_tokprep`): 4 or 8 columns, the narrower first, where that grid has at most ``tuning.prepped_per_cu``
-      (12) programs per compute unit; else, with a per-head gate (GDN), 16 where the 16-column grid has
-      ``tuning.prepped_wide_min_per_cu`` (9) to 12 or at least ``tuning.prepped_wide_large_per_cu`` (128) programs per
-      compute unit; else 8. A 16-column prepared GDN program takes 146 registers on sm_90 (14 fit an SM): around one
-      such wave, and from many waves on, 16 columns win; KDA's 16-column prepared programs (per-key decays, no
-      fix-up-free gate there) were slower than 8 at every batch. Measured with 48 GDN value heads (B = 1 -> 4,
-      2 -> 8, 4 -> 16, 5-43 -> 8, from 44 -> 16) and 12 KDA heads (B = 1-4 -> 4, from 5 -> 8). H200, Triton 3.8,
-      2026-12-02 (``2026-12-02-h200-verify_tokprep_*.json``, docs/kernels.md at tag lab-history-2026-12-07 twenty-second round), GDN T=5, µs at 4 / 8 /
-      16 columns: B=1 4.38 / 4.55-4.56 / 5.94, B=2 6.63 / 6.12-6.19 / 6.89, B=3 8.87 / 8.41-8.47 / 8.75-8.91, B=4 10.65 /
-      10.52-10.61 / 9.40-9.77, B=5 - / 11.55-11.62 / 13.66, B=6 - / 12.92 / 14.81-14.91, B=8 18.51 / 16.12-16.68 /
-      16.72-17.32, B=16 - / 28.42-28.52 / 30.41-30.94; twenty-third round (``..._verify_swap_tiles.json``,
-      ``..._verify_prepped_lanes*.json``), at 8 / 16 columns: GDN B = 32 / 48 / 64 / 128 / 160 47.61 / 69.42 / 91.46 /
-      183.68 / 228.14 vs 49.00 / 68.88 / 88.09 / 168.03 / 211.21; KDA T=4 at 4 / 8 columns B = 4 / 6 / 8 4.06 / 5.02 / 5.77
-      vs 4.13 / 5.01 / 5.33, 8 / 16 columns B = 16 / 64 / 160 9.16 / 22.64 / 50.83 vs 11.19 / 30.75 / 67.64.
-    * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least (a row
-      is then one 32-byte sector); not re-measured. H200: B=1 -> 8, B >= 32 -> 16."""
+    * Decode (``tokens == 1``), V-major: 4 columns with a per-head gate (GDN); with a per-channel gate (KDA) 4 while
+      ``B * HV * V / 4`` programs are at most ``tuning.narrow_decode_per_cu`` per compute unit or at least
+      ``tuning.narrow_decode_large_per_cu``, 16 in between (12 heads: B = 12-16).
+    * Plain verify windows (``tokens > 1``), V-major: 16 columns, halved (to 4 at least; 2 for KDA without ``xred``)
+      while the grid falls short of ``tuning.verify_waves`` waves.
+    * ``prepped`` (``TOKPREP``, :func:`use_tokprep`): 4 or 8 columns, the narrower first, where that grid has at most
+      ``tuning.prepped_per_cu`` programs per compute unit; else GDN 16 where the 16-column grid has
+      ``tuning.prepped_wide_min_per_cu`` to ``prepped_per_cu`` or at least ``tuning.prepped_wide_large_per_cu``
+      programs per compute unit, else 8.
+    * K-major pool: 16 columns halved while short of ``tuning.waves`` waves, 8 at least.
+
+    Measurements (H200 sweeps, graph replay, states from HBM): ``tiles.json`` ``measurements["pick_wide_tile"]``
+    and the row's ``evidence``."""
     tuning = tuning or INTERPRETER_TUNING
     if prepped and tokens > 1 and state_layout == "vk":
         cap = tuning.prepped_per_cu * tuning.num_compute_units
