@@ -203,21 +203,26 @@ def check_correctness(results):
     inter2 = torch.zeros(N, HV, K, V, device=DEV)
     p_snap, p_def = pool2.clone(), pool2.clone()
     o_s = gated_delta_recurrent_triton(q, k, v2, a2, b2, A2, dt2, p_snap, idx2, T, "gdn", commit=False,
-                                       inter_state=inter2, inter_indices=torch.arange(N, device=DEV), plan=RecurrentOverrides(value_tile=4))
+                                       inter_state=inter2, inter_indices=torch.arange(N, device=DEV),
+                                       plan=RecurrentOverrides(value_tile=4))
     rb = torch.zeros(16, T - 1, HV, K + 1 + 1 + V, device=DEV)
-    o_d = gated_delta_recurrent_triton(q, k, v2, a2, b2, A2, dt2, p_def, idx2, T, "gdn", replay_buffer=rb, plan=RecurrentOverrides(value_tile=4))
+    o_d = gated_delta_recurrent_triton(q, k, v2, a2, b2, A2, dt2, p_def, idx2, T, "gdn", replay_buffer=rb,
+                                       plan=RecurrentOverrides(value_tile=4))
     acc = torch.tensor([1, 4, 2, 3], device=DEV, dtype=torch.int32)
-    replay_commit(p_def, idx2, acc, rb, K, "gdn", num_k_heads=H, activation_dtype=torch.float32, plan=RecurrentOverrides(value_tile=4))
+    replay_commit(p_def, idx2, acc, rb, K, "gdn", num_k_heads=H, activation_dtype=torch.float32,
+                  plan=RecurrentOverrides(value_tile=4))
     out["deferred_outputs_bit_exact"] = bool(torch.equal(o_s, o_d))
     # fused replay: a second window that first rebuilds the first window's accepted state
     w2 = [torch.randn_like(t) for t in (q, k, v2, a2, b2)]
     p_ref = pool2.clone()
     for i, (s, a) in enumerate(zip(idx2.tolist(), acc.tolist())):
         p_ref[s] = inter2[i * T + int(a) - 1]
-    o2_ref = gated_delta_recurrent_triton(*w2, A2, dt2, p_ref, idx2, T, "gdn", commit=True, plan=RecurrentOverrides(value_tile=4))
+    o2_ref = gated_delta_recurrent_triton(*w2, A2, dt2, p_ref, idx2, T, "gdn", commit=True,
+                                          plan=RecurrentOverrides(value_tile=4))
     p_fused = pool2.clone()
     rb1, rb2 = torch.zeros_like(rb), torch.zeros_like(rb)
-    gated_delta_recurrent_triton(q, k, v2, a2, b2, A2, dt2, p_fused, idx2, T, "gdn", replay_buffer=rb1, plan=RecurrentOverrides(value_tile=4))
+    gated_delta_recurrent_triton(q, k, v2, a2, b2, A2, dt2, p_fused, idx2, T, "gdn", replay_buffer=rb1,
+                                 plan=RecurrentOverrides(value_tile=4))
     o2_f = gated_delta_recurrent_triton(*w2, A2, dt2, p_fused, idx2, T, "gdn", replay_buffer=rb2, replay_prev=rb1,
                                         accept_prev=acc, plan=RecurrentOverrides(value_tile=4))
     out["fused_replay_outputs_bit_exact"] = bool(torch.equal(o2_ref, o2_f))
@@ -277,7 +282,8 @@ def check_correctness(results):
         for tf32 in (False, True):
             for sd in ((None,) if method == "sequential" else (None, torch.bfloat16)):
                 pc = poolc.clone()
-                oc = gated_delta_chunk_triton(qc, kc, vc, fc, bc, A, dtb, cu, pc, idc, gate="kda", lower_bound=LB, plan=ChunkOverrides(tf32=tf32, method=method, scratch_dtype=sd))
+                oc = gated_delta_chunk_triton(qc, kc, vc, fc, bc, A, dtb, cu, pc, idc, gate="kda", lower_bound=LB,
+                                              plan=ChunkOverrides(tf32=tf32, method=method, scratch_dtype=sd))
                 errs = []
                 for i, s in enumerate(idc.tolist()):
                     sl = slice(int(cu[i]), int(cu[i + 1]))
@@ -316,7 +322,8 @@ def check_correctness(results):
                                           torch.sigmoid(bg[sl].float()), initial_state=poolg[s], acc_dtype=torch.float64)[:2])
     for tag, sd in (("auto_bf16_serving", None), ("bf16in_fp32scratch", torch.float32)):  # serving: BF16 scratch
         pg = poolg.clone()
-        og = gated_delta_chunk_triton(qg, kg_, vg, ag, bg, Ag, dtg, cu, pg, idc, gate="gdn", plan=ChunkOverrides(scratch_dtype=sd))
+        og = gated_delta_chunk_triton(qg, kg_, vg, ag, bg, Ag, dtg, cu, pg, idc, gate="gdn",
+                                      plan=ChunkOverrides(scratch_dtype=sd))
         errs = []
         for i, s in enumerate(idc.tolist()):
             sl = slice(int(cu[i]), int(cu[i + 1]))

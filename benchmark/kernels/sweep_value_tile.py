@@ -39,7 +39,8 @@ for B in (1, 32, 128):
             b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
             o = torch.empty_like(v)
             t = graph_time_us(lambda r: gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, perms[r], T, "kda", LB,
-                                                                    state_layout="vk", commit=T == 1, out=o, plan=RecurrentOverrides(value_tile=bv)))
+                                                                    state_layout="vk", commit=T == 1, out=o,
+                                                                    plan=RecurrentOverrides(value_tile=bv)))
             rows.append(dict(op=f"kda_t{T}", B=B, BV=bv, us=t))
         if bv >= 8:
             t = graph_time_us(lambda r: kda_fused_decode(x, conv, cw, f1, b1, A, dtb, pool, perms[r], g1, nw, 1e-5, LB,
@@ -60,14 +61,16 @@ for B in (1, 32):
             a, b = (torch.randn(N, HV, device=DEV, dtype=torch.bfloat16) for _ in range(2))
             o = torch.empty_like(v)
             t = graph_time_us(lambda r: gated_delta_recurrent_triton(q, k, v, a, b, A2, dt2, pool2, perms[r], T, "gdn",
-                                                                    commit=T == 1, out=o, plan=RecurrentOverrides(value_tile=bv)))
+                                                                    commit=T == 1, out=o,
+                                                                    plan=RecurrentOverrides(value_tile=bv)))
             rows.append(dict(op=f"gdn_t{T}", B=B, BV=bv, us=t))
             if T == 5:
                 rb = torch.empty(slots, T - 1, HV, K + 2 + V, device=DEV)
                 acc = torch.randint(1, T + 1, (B,), device=DEV, dtype=torch.int32)
 
                 def deferred(r):
-                    gated_delta_recurrent_triton(q, k, v, a, b, A2, dt2, pool2, perms[r], T, "gdn", replay_buffer=rb, out=o, plan=RecurrentOverrides(value_tile=bv))
+                    gated_delta_recurrent_triton(q, k, v, a, b, A2, dt2, pool2, perms[r], T, "gdn", replay_buffer=rb, out=o,
+                                                 plan=RecurrentOverrides(value_tile=bv))
                     replay_commit(pool2, perms[r], acc, rb, K, "gdn", plan=RecurrentOverrides(value_tile=bv))
 
                 rows.append(dict(op="gdn_t5_deferred", B=B, BV=bv, us=graph_time_us(deferred)))

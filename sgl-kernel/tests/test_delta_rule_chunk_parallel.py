@@ -49,7 +49,8 @@ def test_chunk_methods_match_fla_naive_and_fp64(method, gate, lower_bound, layou
     ck = torch.full((7, HV, K, V), NAN)
     ck = ck if layout == "kv" else ck.transpose(-1, -2).contiguous()
     o = torch.full_like(v, NAN)
-    gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, init, gate, lower_bound, state_layout=layout, checkpoints=CKPTS, checkpoint_pool=ck, out=o, plan=ChunkOverrides(value_tile=8, method=method))
+    gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, init, gate, lower_bound, state_layout=layout, checkpoints=CKPTS, checkpoint_pool=ck, out=o,
+                             plan=ChunkOverrides(value_tile=8, method=method))
     final = pool if layout == "kv" else pool.transpose(-1, -2)
     ckv = ck if layout == "kv" else ck.transpose(-1, -2)
     assert not o.isnan().any() and final[0].isnan().all() and final[4].equal(pool_kv[4])
@@ -81,12 +82,14 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
     v, f, b = torch.randn(T, H, V, generator=gen), torch.randn(T, H, K, generator=gen), torch.randn(T, H, generator=gen)
     A, dtb = torch.rand(H, generator=gen), torch.randn(H * K, generator=gen)
     pool = torch.zeros(1, H, K, V)
-    o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), gate="kda", plan=ChunkOverrides(value_tile=16, method="parallel"))
+    o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), gate="kda",
+                                 plan=ChunkOverrides(value_tile=16, method="parallel"))
     ro, rS, _ = gated_delta_recurrent(l2_norm(q), l2_norm(k), v, kda_gate(f, A, dtb), torch.sigmoid(b), acc_dtype=torch.float64)
     rel = lambda a, r: float((a.double() - r).norm() / r.norm())  # noqa: E731
     assert rel(o, ro) < 1e-5 and rel(pool[0], rS) < 1e-5
     with pytest.raises(ValueError, match="method"):
-        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), plan=ChunkOverrides(method="fast"))
+        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]),
+                                 plan=ChunkOverrides(method="fast"))
 
 
 @pytest.mark.parametrize("early,stages,x3,intra,okd", [(True, 1, False, "split_inv", 16), (False, 2, True, "split", 128),

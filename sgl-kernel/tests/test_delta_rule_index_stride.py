@@ -127,7 +127,8 @@ def test_chunk_prefill_takes_strided_indices_flags_and_offsets(method):
         pool = base.clone()
         strided = not idx.is_contiguous()
         o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu[:, 0] if strided else cu[:, 0].contiguous(), pool, idx,
-                                     init[:, 0] if strided else init[:, 0].contiguous(), "kda", -5.0, plan=ChunkOverrides(value_tile=8, method=method))
+                                     init[:, 0] if strided else init[:, 0].contiguous(), "kda", -5.0,
+                                     plan=ChunkOverrides(value_tile=8, method=method))
         return o, pool
 
     o, pool = _same_for_strided_and_contiguous(run)

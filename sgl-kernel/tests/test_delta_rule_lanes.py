@@ -59,7 +59,8 @@ def test_lanes_kernel_matches_fla_naive(monkeypatch, v_first, gate, T, value_til
     before = pool.clone()
     idx = torch.tensor([3, -1, 0], dtype=torch.int32)
     lb = -5.0 if gate == "kda" else None
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, state_layout="vk", commit=commit, plan=RecurrentOverrides(value_tile=value_tile, key_lanes=key_lanes))
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, state_layout="vk", commit=commit,
+                                     plan=RecurrentOverrides(value_tile=value_tile, key_lanes=key_lanes))
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     assert pool[1].isnan().all()
     for i, s in enumerate(idx.tolist()):
@@ -113,7 +114,8 @@ def test_lanes_deferred_commit_is_bit_exact_against_snapshots(gate):
                                         accept_prev=acc, **kw)
     assert torch.equal(o2_ref, o2_f)
     # and the lanes kernel agrees with the one-warp kernel to FP32 rounding (different summation order)
-    o_w = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx_pad, T, gate, lb, state_layout="vk", commit=False, plan=RecurrentOverrides(value_tile=bv, key_lanes=0))
+    o_w = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx_pad, T, gate, lb, state_layout="vk", commit=False,
+                                       plan=RecurrentOverrides(value_tile=bv, key_lanes=0))
     torch.testing.assert_close(o_s, o_w, rtol=1e-5, atol=1e-6)
 
 
@@ -134,13 +136,16 @@ def test_replay_records_work_across_kernels(gate, verify_lanes, replay_lanes):
     N = B * T
     inter = torch.zeros(N, HV, V, K)
     gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool.clone(), idx, T, gate, lb, state_layout="vk", commit=False,
-                                 inter_state=inter, inter_indices=torch.arange(N, dtype=torch.int32), plan=RecurrentOverrides(value_tile=bv, key_lanes=verify_lanes))
+                                 inter_state=inter, inter_indices=torch.arange(N, dtype=torch.int32),
+                                 plan=RecurrentOverrides(value_tile=bv, key_lanes=verify_lanes))
     gk = 1 if gate == "gdn" else K
     rb = torch.zeros(4, T - 1, HV, K + gk + 1 + V)
     p = pool.clone()
-    gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb, plan=RecurrentOverrides(value_tile=bv, key_lanes=verify_lanes))
+    gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb,
+                                 plan=RecurrentOverrides(value_tile=bv, key_lanes=verify_lanes))
     replay_commit(p, idx, acc, rb, K, gate, state_layout="vk", num_k_heads=H,
-                  activation_dtype=torch.float32, lower_bound=lb, plan=RecurrentOverrides(value_tile=bv, key_lanes=replay_lanes))
+                  activation_dtype=torch.float32, lower_bound=lb,
+                  plan=RecurrentOverrides(value_tile=bv, key_lanes=replay_lanes))
     for i, s in enumerate(idx.tolist()):
         torch.testing.assert_close(p[s], inter[i * T + int(acc[i]) - 1], rtol=1e-5, atol=1e-5)
 

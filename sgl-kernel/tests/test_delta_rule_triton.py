@@ -44,7 +44,8 @@ def test_kda_decode_matches_fla_naive_with_nan_padding(layout, lower_bound):
     kv_pool[2] = NAN
     pool = kv_pool.clone() if layout == "kv" else kv_pool.transpose(-1, -2).contiguous()
     idx = torch.tensor([5, -1, 0, 3])  # a padding row (-1); slot 2 holds NaN and is never named
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, 1, "kda", lower_bound, state_layout=layout, plan=RecurrentOverrides(value_tile=4))
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, 1, "kda", lower_bound, state_layout=layout,
+                                     plan=RecurrentOverrides(value_tile=4))
     after = pool if layout == "kv" else pool.transpose(-1, -2)
     assert (o[1] == 0).all() and not o.isnan().any()
     assert after[2].isnan().all()
@@ -72,7 +73,8 @@ def test_gdn_verify_gva_matches_fla_naive_and_saves_every_position(preload):
     idx = torch.tensor([3, 1])
     inter = torch.full((B * T, HV, K, V), NAN)
     o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "gdn", commit=False, inter_state=inter,
-                                     inter_indices=torch.arange(B * T), plan=RecurrentOverrides(value_tile=4, preload=preload))
+                                     inter_indices=torch.arange(B * T),
+                                     plan=RecurrentOverrides(value_tile=4, preload=preload))
     torch.testing.assert_close(pool, before)  # verify does not commit
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -97,7 +99,8 @@ def test_kda_verify_per_token_inputs_match_fla_naive():
     kv_pool = torch.randn(5, H, K, V, generator=gen)
     pool = kv_pool.transpose(-1, -2).contiguous()
     idx = torch.tensor([4, -1, 0])
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", commit=True, plan=RecurrentOverrides(value_tile=16))
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", commit=True,
+                                     plan=RecurrentOverrides(value_tile=16))
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     for i, s in enumerate(idx.tolist()):
         if s < 0:
@@ -122,7 +125,8 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
     before = pool.clone()
     idx = torch.tensor([2, -1, 4])
     lb = -5.0 if gate == "kda" else None
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, plan=RecurrentOverrides(wide=True, value_tile=16))
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit,
+                                     plan=RecurrentOverrides(wide=True, value_tile=16))
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -249,7 +253,8 @@ def test_deferred_commit_is_bit_exact_with_in_order_key_sums(gate, value_tile):
     interp = Target("cpu", interpreter=True)
     assert use_seq_key_sums(interp, "vk", 1, K, 1, xred_aligned(pool))
     assert not use_seq_key_sums(interp, "vk", 1, 64, 1, xred_aligned(pool[..., :64]))  # another key width: off
-    _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, state_layout="vk", plan=RecurrentOverrides(value_tile=value_tile))
+    _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, state_layout="vk",
+    plan=RecurrentOverrides(value_tile=value_tile))
 
 
 @pytest.mark.parametrize("gate,T,value_tile", [("gdn", 5, 8), ("kda", 3, 4), ("gdn", 2, 16), ("kda", 5, 16)])
@@ -270,11 +275,14 @@ def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
     p_ref = pool.clone()
     for i, a in enumerate(acc.tolist()):
         p_ref[idx[i]] = inter[i * T + a - 1]
-    o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, commit=True, plan=RecurrentOverrides(value_tile=value_tile))
+    o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, commit=True,
+                                         plan=RecurrentOverrides(value_tile=value_tile))
     p_def = pool.clone()
     rb1, rb2 = (torch.full((B + 2, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
-    gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, plan=RecurrentOverrides(value_tile=value_tile))
-    o_f = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc, plan=RecurrentOverrides(value_tile=value_tile))
+    gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1,
+                                 plan=RecurrentOverrides(value_tile=value_tile))
+    o_f = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc,
+                                       plan=RecurrentOverrides(value_tile=value_tile))
     assert not o_f.isnan().any() and torch.equal(o_f, o_ref)
 
 
@@ -469,7 +477,8 @@ def test_chunked_prefill_varlen_checkpoints_against_fp64(gate, lower_bound):
     ck = torch.full((3, HV, K, V), NAN)
     p = pool.clone()
     o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, p, idx, init, gate, lower_bound,
-                                 checkpoints=[(0, 32, 0), (2, 48, 1), (2, 70, 2)], checkpoint_pool=ck, plan=ChunkOverrides(value_tile=8))
+                                 checkpoints=[(0, 32, 0), (2, 48, 1), (2, 70, 2)], checkpoint_pool=ck,
+                                 plan=ChunkOverrides(value_tile=8))
     want = {0: [32], 1: [], 2: [48, 70]}
     got = {0: [ck[0]], 1: [], 2: [ck[1], ck[2]]}
     for i, s in enumerate(idx.tolist()):
@@ -573,8 +582,10 @@ def test_chunk_window_deferred_commit_and_fused_replay_match_fp64(gate, T):
     gk = 1 if gate == "gdn" else K
     rb1, rb2 = (torch.full((B + 2, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
     p = pool.clone()
-    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, replay_buffer=rb1, plan=RecurrentOverrides(form="chunk", value_tile=16))
-    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1, plan=RecurrentOverrides(form="chunk", value_tile=16))
+    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, replay_buffer=rb1,
+                                      plan=RecurrentOverrides(form="chunk", value_tile=16))
+    o2 = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
+                                      plan=RecurrentOverrides(form="chunk", value_tile=16))
     token0 = p.clone()
     replay_commit(p, idx, acc2, rb2, K, gate, plan=RecurrentOverrides(form="chunk", value_tile=16))
     for i in range(B):
@@ -594,9 +605,12 @@ def test_chunk_window_refuses_what_it_does_not_serve():
     q, k, v, f, b, A, dtb = _batch(gen, 1, 9, 1, 1, 16, 16, "gdn")
     pool = torch.zeros(2, 1, 16, 16)
     with pytest.raises(ValueError, match="T <= 8"):
-        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0]), 9, "gdn", plan=RecurrentOverrides(form="chunk"))
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0]), 9, "gdn",
+                                     plan=RecurrentOverrides(form="chunk"))
     with pytest.raises(ValueError, match="inter_state"):
         gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn",
-                                     inter_state=torch.zeros(4, 1, 16, 16), inter_indices=torch.arange(4), plan=RecurrentOverrides(form="chunk"))
+                                     inter_state=torch.zeros(4, 1, 16, 16), inter_indices=torch.arange(4),
+                                     plan=RecurrentOverrides(form="chunk"))
     with pytest.raises(ValueError, match="form"):
-        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn", plan=RecurrentOverrides(form="wy"))
+        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn",
+                                     plan=RecurrentOverrides(form="wy"))

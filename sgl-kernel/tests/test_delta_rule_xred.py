@@ -58,7 +58,8 @@ def test_reduce_scatter_matches_fla_naive_and_the_butterflies(gate, T, BV, V, K)
     for xred in (2, 0):
         p = pool.clone()
         o = torch.full_like(w[2], NAN)
-        gated_delta_recurrent_triton(*w, p, idx, T, gate, lb, state_layout="vk", commit=True, out=o, plan=RecurrentOverrides(wide=True, value_tile=BV, xred=xred))
+        gated_delta_recurrent_triton(*w, p, idx, T, gate, lb, state_layout="vk", commit=True, out=o,
+                                     plan=RecurrentOverrides(wide=True, value_tile=BV, xred=xred))
         outs.append(o)
         pools.append(p)
     o, p = outs[0], pools[0]
@@ -94,12 +95,15 @@ def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
     for xred in (2, 0):
         inter = torch.full((N + 1, HV, V, K), NAN)
         o_s = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx, T, gate, lb, state_layout="vk", commit=False,
-                                           inter_state=inter, inter_indices=torch.arange(N), plan=RecurrentOverrides(value_tile=BV, xred=xred))
+                                           inter_state=inter, inter_indices=torch.arange(N),
+                                           plan=RecurrentOverrides(value_tile=BV, xred=xred))
         p = pool.clone()
         rb1, rb2 = (torch.full((B + 1, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
-        o_d = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb1, plan=RecurrentOverrides(value_tile=BV, xred=xred))
+        o_d = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb1,
+                                           plan=RecurrentOverrides(value_tile=BV, xred=xred))
         o_f = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb2,
-                                           replay_prev=rb1, accept_prev=acc, plan=RecurrentOverrides(value_tile=BV, xred=xred))
+                                           replay_prev=rb1, accept_prev=acc,
+                                           plan=RecurrentOverrides(value_tile=BV, xred=xred))
         res[xred] = (o_s, inter, o_d, rb1, o_f)
         assert inter[N].isnan().all() and not inter[:N].isnan().any()
         assert rb1[1].isnan().all() and not rb1[idx].isnan().any()  # slot 1 is nobody's
@@ -107,7 +111,8 @@ def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
         p_ref = pool.clone()
         for i, a in enumerate(acc.tolist()):
             p_ref[idx[i]] = inter[i * T + a - 1]
-        o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout="vk", commit=False, plan=RecurrentOverrides(value_tile=BV, xred=xred))
+        o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout="vk", commit=False,
+                                             plan=RecurrentOverrides(value_tile=BV, xred=xred))
         torch.testing.assert_close(o_f, o_ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(res[2], res[0]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
@@ -173,7 +178,8 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     pool = torch.zeros(2, 48, 128, 128)
     bad = [dict(state_layout="kv", plan=RecurrentOverrides(wide=True, value_tile=4, xred=1)),  # K-major pool
            dict(state_layout="vk", plan=RecurrentOverrides(wide=True, value_tile=4, xred=3)),  # no such mode
-           dict(state_layout="vk", plan=RecurrentOverrides(wide=False, value_tile=4, xred=1)),  # the register-tile kernel
+           dict(state_layout="vk",
+           plan=RecurrentOverrides(wide=False, value_tile=4, xred=1)),  # the register-tile kernel
            dict(state_layout="vk", plan=RecurrentOverrides(key_lanes=8, xred=1)),  # the lanes kernel
            dict(state_layout="vk", plan=RecurrentOverrides(wide=True, value_tile=4, num_warps=2, xred=1))]
     for kw in bad:
@@ -181,7 +187,8 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
             gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", commit=False, **kw)
     unaligned = torch.zeros(2 * 48 * 128 * 128 + 1)[1:].view(2, 48, 128, 128)  # base 4 bytes past an aligned one
     with pytest.raises(ValueError, match="aligned=False"):
-        gated_delta_recurrent_triton(*w, unaligned, torch.tensor([0]), 5, "gdn", commit=False, state_layout="vk", plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
+        gated_delta_recurrent_triton(*w, unaligned, torch.tensor([0]), 5, "gdn", commit=False, state_layout="vk",
+                                     plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
 
 
 def test_shuffle_layout_check_accepts_lanes_on_dim_0_only():
@@ -262,7 +269,8 @@ def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(gate, T, B
     for tp in (True, False):
         p = pool.clone()
         o = torch.full_like(w[2], NAN)
-        gated_delta_recurrent_triton(*w, p, idx, T, "gdn" if gate == "gdn" else "kda", lb, state_layout="vk", commit=True, l2norm=l2norm, out=o, plan=RecurrentOverrides(wide=True, value_tile=BV, xred=2, tokprep=tp))
+        gated_delta_recurrent_triton(*w, p, idx, T, "gdn" if gate == "gdn" else "kda", lb, state_layout="vk", commit=True, l2norm=l2norm, out=o,
+                                     plan=RecurrentOverrides(wide=True, value_tile=BV, xred=2, tokprep=tp))
         res[tp] = (o, p)
     o, p = res[True]
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
@@ -331,9 +339,11 @@ def test_window_scalars_first_rule_and_contract(monkeypatch):
     w = _window(gen, 1, 5, 1, 2, 128, 16, "gdn")
     pool = torch.zeros(2, 2, 16, 128)
     for xr in (1, 0):
-        gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, plan=RecurrentOverrides(wide=True, value_tile=4, xred=xr))
+        gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False,
+                                     plan=RecurrentOverrides(wide=True, value_tile=4, xred=xr))
     inter = torch.zeros(6, 2, 16, 128)
-    gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, inter_state=inter, inter_indices=torch.arange(5), plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
+    gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, inter_state=inter, inter_indices=torch.arange(5),
+                                 plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
     wk = _window(gen, 1, 4, 1, 1, 128, 16, "kda")
     gated_delta_recurrent_triton(*wk, torch.zeros(2, 1, 16, 128), torch.tensor([0]), 4, "kda", LB, state_layout="vk",
                                  commit=False, plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
