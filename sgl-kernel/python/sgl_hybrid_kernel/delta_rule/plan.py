@@ -100,13 +100,13 @@ def plan_recurrent(batch: int, tokens: int, num_k_heads: int, num_v_heads: int, 
                    gate_kind: int, state_layout: str, target: Target, *, plain: bool = True, snapshots: bool = False,
                    key_stride: int = 1, state_fp32: bool = True, pools_aligned: bool = True,
                    state_aligned: bool = True, overrides: Optional[RecurrentOverrides] = None) -> RecurrentPlan:
-    """The kernel, tile and modes of one decode / verify step (the rules: ``recurrent.rules.py``, docs/kernels.md
+    """The kernel, tile and modes of one decode / verify step (the rules: ``recurrent/rules.py``, docs/kernels.md
     "Decode and verify tile rules").
 
     Args:
         batch, tokens: ``B`` requests of ``T`` tokens (``T`` in 1..16); num_k_heads, num_v_heads: ``H``, ``HV``;
             head_k_dim, head_v_dim: ``K``, ``V``.
-        gate_kind: ``gate.GATE_KDA`` / ``GATE_KDA_SAFE`` / ``GATE_GDN`` (``triton_recurrent``).
+        gate_kind: ``gate.GATE_KDA`` / ``GATE_KDA_SAFE`` / ``GATE_GDN``.
         state_layout: ``"vk"`` (``[slots, HV, V, K]``) or ``"kv"``.
         target: what the plan is for (:meth:`Target.of` a device).
         plain: no snapshots, deferred commit or fused replay (the ``PLAIN`` binary); snapshots: per-token states
