@@ -17,9 +17,10 @@ import sys
 
 import torch
 
-from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
-from sgl_hybrid_kernel.platform import device_platform
+from sgl_hybrid_kernel.delta_rule.chunk.rules import target_chunk_launch
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
+from sgl_hybrid_kernel.platform import Target
 
 from prof_chunk_prefill import kimi_k3_prefill_inputs  # noqa: E402 (beside this script)
 
@@ -37,27 +38,22 @@ VARIANTS = dict(
 
 def main():
     dev = "cuda"
-    key = device_platform(torch.device(dev)).key
-    base = cp.device_chunk_launch(torch.device(dev))
+    base = target_chunk_launch(Target.of(torch.device(dev)))
     B, T = (int(x) for x in sys.argv[1].split("x"))
     names = sys.argv[2].split(",")
     q, k, v, f, b, A, dtb, cu, pool0, idx = kimi_k3_prefill_inputs(B, T, dev)
     ref = None
-    try:
-        for name in names:
-            cp.CHUNK_LAUNCH[key] = dataclasses.replace(base, **VARIANTS[name])
-            pool = pool0.clone()
-            o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=-5.0,
-                                         method="parallel", tf32=True, scratch_dtype=torch.bfloat16,
-                                         group_scan=False).float()
-            torch.cuda.synchronize()
-            if ref is None:
-                ref = (o, pool.clone())
-            do = ((o - ref[0]).norm() / ref[0].norm()).item()
-            ds = ((pool - ref[1]).norm() / ref[1].norm()).item()
-            print(name, f"o vs first {do:.2e} state vs first {ds:.2e} nan {bool(o.isnan().any())}", flush=True)
-    finally:
-        cp.CHUNK_LAUNCH[key] = base
+    for name in names:  # each variant is a plan: the table row with the variant's fields replaced
+        plan = ChunkOverrides(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False,
+                              launch=dataclasses.replace(base, **VARIANTS[name]))
+        pool = pool0.clone()
+        o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=-5.0, plan=plan).float()
+        torch.cuda.synchronize()
+        if ref is None:
+            ref = (o, pool.clone())
+        do = ((o - ref[0]).norm() / ref[0].norm()).item()
+        ds = ((pool - ref[1]).norm() / ref[1].norm()).item()
+        print(name, f"o vs first {do:.2e} state vs first {ds:.2e} nan {bool(o.isnan().any())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Profile one chunk-64 KDA prefill call (ours and fla's) under Nsight Compute (issue 4).
 
-Kimi K3 at TP8 (12 KDA heads x 128, safe gate, BF16 activations), as ``bench_delta_rule.py``'s
+Kimi K3 at TP8 (12 KDA heads x 128, safe gate, BF16 activations), as ``bench_delta_rule_chunk.py``'s
 ``bench_chunk_state``. Both calls are compiled and warmed first; only the calls between
 ``cudaProfilerStart`` / ``cudaProfilerStop`` are profiled, so run it as::
 
@@ -16,7 +16,8 @@ import argparse
 
 import torch
 
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
 
 LB = -5.0
 
@@ -47,8 +48,7 @@ def main():
     q, k, v, f, b, A, dtb, cu, pool, idx = kimi_k3_prefill_inputs(B, T)
 
     def ours():
-        return gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB,
-                                        method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False)
+        return gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=LB, plan=ChunkOverrides(method="parallel", tf32=True, scratch_dtype=torch.bfloat16, group_scan=False))
 
     calls = [ours]
     if args.fla:

@@ -2,7 +2,7 @@
 
     PYTHONPATH=sgl-kernel/python python3 benchmark/kernels/sweep_value_tile.py
 
-Same method as bench_delta_rule.py (graph replay, rotated slots over a pool > L2).
+Same method as bench_delta_rule_recurrent.py (graph replay, rotated slots over a pool > L2).
 """
 
 import json
@@ -11,9 +11,10 @@ import sys
 import torch
 
 sys.path.insert(0, "benchmark/kernels")
-from bench_delta_rule import DEV, LB, ROT, SLOTS, graph_time_us  # noqa: E402
+from bench_delta_rule_recurrent import DEV, LB, ROT, SLOTS, graph_time_us  # noqa: E402
 
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, replay_commit  # noqa: E402
+from sgl_hybrid_kernel.delta_rule.plan import RecurrentOverrides  # noqa: E402
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton, replay_commit  # noqa: E402
 from sgl_hybrid_kernel.kda.fused_decode import kda_fused_decode  # noqa: E402
 
 rows = []
@@ -38,7 +39,8 @@ for B in (1, 32, 128):
             b = torch.randn(N, H, device=DEV, dtype=torch.bfloat16)
             o = torch.empty_like(v)
             t = graph_time_us(lambda r: gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, perms[r], T, "kda", LB,
-                                                                    state_layout="vk", commit=T == 1, value_tile=bv, out=o))
+                                                                    state_layout="vk", commit=T == 1, out=o,
+                                                                    plan=RecurrentOverrides(value_tile=bv)))
             rows.append(dict(op=f"kda_t{T}", B=B, BV=bv, us=t))
         if bv >= 8:
             t = graph_time_us(lambda r: kda_fused_decode(x, conv, cw, f1, b1, A, dtb, pool, perms[r], g1, nw, 1e-5, LB,
@@ -59,16 +61,17 @@ for B in (1, 32):
             a, b = (torch.randn(N, HV, device=DEV, dtype=torch.bfloat16) for _ in range(2))
             o = torch.empty_like(v)
             t = graph_time_us(lambda r: gated_delta_recurrent_triton(q, k, v, a, b, A2, dt2, pool2, perms[r], T, "gdn",
-                                                                    commit=T == 1, value_tile=bv, out=o))
+                                                                    commit=T == 1, out=o,
+                                                                    plan=RecurrentOverrides(value_tile=bv)))
             rows.append(dict(op=f"gdn_t{T}", B=B, BV=bv, us=t))
             if T == 5:
                 rb = torch.empty(slots, T - 1, HV, K + 2 + V, device=DEV)
                 acc = torch.randint(1, T + 1, (B,), device=DEV, dtype=torch.int32)
 
                 def deferred(r):
-                    gated_delta_recurrent_triton(q, k, v, a, b, A2, dt2, pool2, perms[r], T, "gdn", replay_buffer=rb,
-                                                 value_tile=bv, out=o)
-                    replay_commit(pool2, perms[r], acc, rb, K, "gdn", value_tile=bv)
+                    gated_delta_recurrent_triton(q, k, v, a, b, A2, dt2, pool2, perms[r], T, "gdn", replay_buffer=rb, out=o,
+                                                 plan=RecurrentOverrides(value_tile=bv))
+                    replay_commit(pool2, perms[r], acc, rb, K, "gdn", plan=RecurrentOverrides(value_tile=bv))
 
                 rows.append(dict(op="gdn_t5_deferred", B=B, BV=bv, us=graph_time_us(deferred)))
 for r in rows:

@@ -183,7 +183,7 @@ def kda_kernel_time(c, device, timer, B, T, pool, inter, rot_perms):
     A, dtb = torch.rand(H, device=device), torch.randn(H * K, device=device)
     impl = choose_recurrent(q, v, pool)
     if impl == "triton":
-        from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+        from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
 
         o = torch.empty_like(v)
         inter_idx = torch.arange(N, device=device, dtype=torch.int32)

@@ -3,8 +3,10 @@
 Upstream calls :func:`register` in the launcher before argument parsing and
 again in every scheduler / detokenizer process. It
 
-1. checks every upstream anchor we hook (``anchors.py``) and stops the process
-   with the list of broken ones — upstream would only log an exception;
+1. checks every upstream anchor (those of the hooks declared in ``patches.py``
+   and the others of ``anchors.py``) and stops the process with the list of
+   broken ones — upstream would only log an exception; every hook below is
+   registered from its declaration in ``patches.py``;
 2. declares ``KimiK3LinearForCausalLM`` as a hybrid model that uses the mamba
    radix cache (``register_linear_attn_model``);
 3. replaces upstream's KDA backend class with ours (CPU path; GPU unchanged);
@@ -79,10 +81,10 @@ def register() -> None:
 
     from sglang.srt.configs.kimi_linear import KimiLinearConfig
     from sglang.srt.configs.linear_attn_model_registry import LinearAttnModelSpec, register_linear_attn_model
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_hybrid.layers.attention.kda_backend import HybridKDAAttnBackend
+    from sglang_hybrid.layers.attention import kda_backend
     from sglang_hybrid.models.kimi_k3 import ARCHITECTURE as KIMI_K3
+    from sglang_hybrid.patches import register_patches
 
     register_linear_attn_model(
         LinearAttnModelSpec(
@@ -94,15 +96,13 @@ def register() -> None:
             support_mamba_cache_extra_buffer=True,
         )
     )
-    HookRegistry.register(
-        "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend", HybridKDAAttnBackend, HookType.REPLACE
-    )
+    register_patches(kda_backend.__name__)  # class REPLACE KDAAttnBackend (patches.py)
     # Qwen3.8-Flash-Next (upstream qwen4_exp): upstream already treats its config as
     # hybrid GDN; the spec records the same facts for our registry readers, and the
     # GDN backend gets our CPU path (GPU unchanged).
     from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
 
-    from sglang_hybrid.layers.attention.gdn_backend import HybridGDNAttnBackend
+    from sglang_hybrid.layers.attention import gdn_backend
     from sglang_hybrid.models.qwen38 import ARCHITECTURE as QWEN38
 
     register_linear_attn_model(
@@ -116,9 +116,7 @@ def register() -> None:
             unwrap_text_config=True,
         )
     )
-    HookRegistry.register(
-        "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend", HybridGDNAttnBackend, HookType.REPLACE
-    )
+    register_patches(gdn_backend.__name__)  # class REPLACE GDNAttnBackend (patches.py)
     from sglang_hybrid.boot import hooks as boot_hooks
     from sglang_hybrid.entrypoints import validation
     from sglang_hybrid.layers.attention import kda_kernel

@@ -17,7 +17,7 @@ import textwrap
 import sgl_hybrid_kernel
 from triton.runtime.jit import KernelInterface  # JITFunction and the interpreter's InterpretedFunction
 from sgl_hybrid_kernel.compile_gate import TARGETS, kernel_configs
-from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, chunk_launch
+from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH, chunk_launch
 
 # kernel name -> why no config for these targets is needed (dispatch cannot launch it there)
 NOT_LAUNCHED = {
@@ -84,3 +84,13 @@ def test_chunk_launch_table_is_keyed_by_arch_and_cu_count():
     assert half is not full and not half.tuned and half.state_bv == full.state_bv and "gfx950" in half.name
     assert chunk_launch("gfx942", 304) is CHUNK_LAUNCH[("gfx942", 304)]
     assert not chunk_launch("gfx1100", 48).tuned and "not compile-gated" in chunk_launch("gfx1100", 48).source
+
+
+def test_the_gate_compiles_every_plan_of_the_tables():
+    """The compile gate enumerates the delta-rule tables' plans (issue 43): for every row of ``recurrent/tiles.json``
+    and ``chunk/launch.json`` the gate compiles for, each decode / verify plan at the served shapes (batches 1-160)
+    has a config with its kernel, tile and modes for that arch; and an arch no table row names is not enumerated."""
+    from sgl_hybrid_kernel.compile_gate import plan_targets, recurrent_plans_without_config
+
+    assert {arch for arch, _ in plan_targets()} == {"sm90", "gfx942", "gfx950"}
+    assert recurrent_plans_without_config() == []

@@ -15,12 +15,12 @@ import triton.language as tl
 from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.naive import naive_recurrent_kda
 
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
-from sgl_hybrid_kernel.delta_rule.triton_chunk import _tril_inverse_16
-from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import _tf32_split, _tril_inverse_16_x3
-from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
-from sgl_hybrid_kernel.gdn import gdn_gate
-from sgl_hybrid_kernel.kda import kda_gate
+from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
+from sgl_hybrid_kernel.delta_rule.chunk import rules as chunk_rules
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk import _tril_inverse_16
+from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk_parallel import _tf32_split, _tril_inverse_16_x3
+from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, gdn_gate, kda_gate
 from sgl_hybrid_kernel.norm import l2_norm
 from test_delta_rule_triton import _batch
 
@@ -49,8 +49,8 @@ def test_chunk_methods_match_fla_naive_and_fp64(method, gate, lower_bound, layou
     ck = torch.full((7, HV, K, V), NAN)
     ck = ck if layout == "kv" else ck.transpose(-1, -2).contiguous()
     o = torch.full_like(v, NAN)
-    gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, init, gate, lower_bound, state_layout=layout,
-                             value_tile=8, checkpoints=CKPTS, checkpoint_pool=ck, out=o, method=method)
+    gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, init, gate, lower_bound, state_layout=layout, checkpoints=CKPTS, checkpoint_pool=ck, out=o,
+                             plan=ChunkOverrides(value_tile=8, method=method))
     final = pool if layout == "kv" else pool.transpose(-1, -2)
     ckv = ck if layout == "kv" else ck.transpose(-1, -2)
     assert not o.isnan().any() and final[0].isnan().all() and final[4].equal(pool_kv[4])
@@ -83,12 +83,13 @@ def test_parallel_long_sequence_fp64_bound_and_bad_method():
     A, dtb = torch.rand(H, generator=gen), torch.randn(H * K, generator=gen)
     pool = torch.zeros(1, H, K, V)
     o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), gate="kda",
-                                 value_tile=16, method="parallel")
+                                 plan=ChunkOverrides(value_tile=16, method="parallel"))
     ro, rS, _ = gated_delta_recurrent(l2_norm(q), l2_norm(k), v, kda_gate(f, A, dtb), torch.sigmoid(b), acc_dtype=torch.float64)
     rel = lambda a, r: float((a.double() - r).norm() / r.norm())  # noqa: E731
     assert rel(o, ro) < 1e-5 and rel(pool[0], rS) < 1e-5
     with pytest.raises(ValueError, match="method"):
-        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), method="fast")
+        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]),
+                                 plan=ChunkOverrides(method="fast"))
 
 
 @pytest.mark.parametrize("early,stages,x3,intra,okd", [(True, 1, False, "split_inv", 16), (False, 2, True, "split", 128),
@@ -101,7 +102,7 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     launch tables split the 128-wide heads (issue 9), with the state pass's loads issued before
     or after its stores and its chunk loop pipelined or not, and A's products as FP32 or as 3xTF32
     with TF32 allowed (the sm_90 table; exact in the interpreter, the H200 bound is in
-    bench_delta_rule.py), and the in-chunk step fused or split into per-16-row-block ``A``
+    bench_delta_rule_chunk.py), and the in-chunk step fused or split into per-16-row-block ``A``
     programs + a solve launch (with or without a separate 16x16-block inverse launch; the ``A``
     programs also in the stacked form, ``intra_a_stacked``, with and without the diagonal inverses
     computed there, ``intra_diag_inv``: bounded KDA gate and GDN, the unbounded gate keeps the
@@ -112,8 +113,9 @@ def test_parallel_key_blocks_and_value_blocks_match_fla_naive(gate, lower_bound,
     step's ``(q e^G) h_c`` over key blocks of 16 / 32 (norm factor, scale and GDN decay applied to
     the accumulated block) or in one piece: same results as fla's naive recurrences, checkpoints
     included."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import ChunkLaunch
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     gen = torch.Generator().manual_seed(13)
     lens, H, HV, K, V = [70, 33], 1, 2, 64, 64
@@ -173,8 +175,9 @@ def test_bf16_rounded_products_stay_within_the_bf16_bound(flag):
     with state_lowp, 7.9e-3 / 5.0e-3 with output_lowp, 7.6e-3 / 8.1e-3 with intra_solve_lowp;
     5.0e-3 / 5.0e-3 without any rounding), and the flag changes what it rounds
     (state_lowp, intra_solve_lowp: the final state; output_lowp: the output, not the state)."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import ChunkLaunch
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_KDA_SAFE
 
     gen = torch.Generator().manual_seed(5)
     T, H, K, V = 100, 1, 16, 16
@@ -205,8 +208,9 @@ def test_bf16_inverse_rows_equal_the_rounding_the_wu_step_does(monkeypatch):
     store it as BF16 (a ``[N, HV, 64]`` BF16 buffer instead of over the FP32 ``A``): outputs and final
     state bit-identical to storing it as FP32, GDN and bounded KDA, and the BF16 buffer is really
     allocated; with FP32 scratch the flag changes nothing (no buffer)."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import ChunkLaunch, gated_delta_chunk_parallel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import ChunkLaunch
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
 
     gen = torch.Generator().manual_seed(9)
     lens, H, HV, K, V = [90, 40], 1, 2, 16, 16
@@ -252,14 +256,14 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
     (``lowp_scratch``) exactly when the scratch is BF16."""
     import dataclasses
 
-    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
-    from sgl_hybrid_kernel.platform import DevicePlatform
+    from sgl_hybrid_kernel.delta_rule.chunk import parallel as cp
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_KDA_SAFE
+    from sgl_hybrid_kernel.platform import Target
 
-    table = cp.CHUNK_LAUNCH[("sm90", 132)]
-    assert [cp.pick_state_tile(table, 12 * b, 128, 132) for b in (1, 2, 4, 8)] == [16, 32, 64, 32]
-    assert cp.pick_state_tile(dataclasses.replace(table, state_bv_costs=()), 96, 128, 132) == table.state_bv == 16
-    assert cp.pick_state_tile(table, 96, 128, 0) == 16  # no compute-unit count (CPU)
+    table = chunk_rules.CHUNK_LAUNCH[("sm90", 132)]
+    assert [chunk_rules.pick_state_tile(table, 12 * b, 128, 132) for b in (1, 2, 4, 8)] == [16, 32, 64, 32]
+    assert chunk_rules.pick_state_tile(dataclasses.replace(table, state_bv_costs=()), 96, 128, 132) == table.state_bv == 16
+    assert chunk_rules.pick_state_tile(table, 96, 128, 0) == 16  # no compute-unit count (CPU)
 
     gen = torch.Generator().manual_seed(21)
     lens, H, K, V = [70, 40, 20], 2, 64, 64
@@ -270,7 +274,7 @@ def test_state_pass_takes_wider_value_tiles_when_the_batch_fills_the_sms(monkeyp
     cu = torch.tensor([0, 70, 110, N])
     init = torch.randn(3, H, K, V, generator=gen) * 0.1
     tiles, real = [], cp.launch_params
-    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 2, "fake"))
+    monkeypatch.setattr(Target, "of", staticmethod(lambda d: Target("cuda", "sm90", 2, interpreter=True)))
     monkeypatch.setattr(cp, "launch_params", lambda *a, **kw: tiles.append((kw.get("state_tile"), kw.get("lowp_scratch"))) or real(*a, **kw))
     runs = {}
     for name, launch, sd, ckpts in (("wide", table, torch.bfloat16, []),
@@ -298,9 +302,10 @@ def test_sm90_state_pass_stages_follow_the_scratch_and_the_stacked_a_programs_ru
     tiles need 292,352 B of shared memory, over sm_90's 232,448) and with checkpoints; the stacked ``A``
     programs (bounded KDA gate, GDN) run on one warp while the unbounded gate's ``chunk_intra_a_kernel``
     keeps ``intra_a_warps`` (on one warp it spills on sm_90)."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
-    from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import chunk_intra_a_kernel, chunk_intra_arow_kernel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk_parallel import chunk_intra_a_kernel, chunk_intra_arow_kernel
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     sm90 = CHUNK_LAUNCH[("sm90", 132)]
     assert (sm90.state_stages, sm90.state_stages_lowp, sm90.intra_arow_warps, sm90.intra_a_warps) == (3, 4, 1, 2)
@@ -324,8 +329,9 @@ def test_cuda_tables_never_run_the_state_pass_on_one_pipelining_stage():
     ``STAGES >= 2``; a single-stage table would fail here."""
     import dataclasses
 
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, fused_output_allowed, launch_params
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH, fused_output_allowed
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
 
     def stages(launch):
         out = []
@@ -349,15 +355,14 @@ def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):
     """On ROCm (device reported as such) the prefill dispatch picks Triton with the gfx950 launch
     entry and logs it; ``method="auto"`` runs the chunk-64 form without TF32 and the sequential
     kernel (not compile-gated on CDNA) is refused."""
-    import sgl_hybrid_kernel.delta_rule.chunk as chunk_mod
-    import sgl_hybrid_kernel.delta_rule.chunk_parallel as cp
+    import sgl_hybrid_kernel.delta_rule.chunk.wrapper as chunk_mod
+    import sgl_hybrid_kernel.delta_rule.chunk.parallel as cp
     import sgl_hybrid_kernel.delta_rule.dispatch as disp
     from sgl_hybrid_kernel.dispatch import chosen_paths
-    from sgl_hybrid_kernel.platform import DevicePlatform
+    from sgl_hybrid_kernel.platform import DevicePlatform, Target
 
     monkeypatch.setattr(disp, "device_kind", lambda t: "rocm")
-    monkeypatch.setattr(chunk_mod, "device_kind", lambda t: "rocm")
-    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("rocm", "gfx950", 256, "MI355X"))
+    monkeypatch.setattr(Target, "of", staticmethod(lambda d: Target.from_platform(DevicePlatform("rocm", "gfx950", 256, "MI355X"))))
     q, v, s = torch.zeros(2, 3, 128), torch.zeros(2, 3, 128), torch.zeros(1, 3, 128, 128)
     assert disp.choose_chunk(q, v, s) == "triton"
     choice = next(c for c in chosen_paths() if c.op == "delta_rule_prefill")
@@ -366,24 +371,24 @@ def test_rocm_dispatch_offers_the_chunk64_form_with_the_arch_table(monkeypatch):
     monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
     args = (q, q, v, torch.zeros(2, 3, 128), torch.zeros(2, 3), torch.zeros(3), torch.zeros(3 * 128), torch.tensor([0, 2]), s,
             torch.tensor([0]))
-    assert gated_delta_chunk_triton(*args, tf32=True) == "ran" and calls[0]["tf32"] is False
+    assert gated_delta_chunk_triton(*args, plan=ChunkOverrides(tf32=True)) == "ran" and calls[0]["plan"].tf32 is False
     with pytest.raises(ValueError, match="method"):
-        gated_delta_chunk_triton(*args, method="sequential")
+        gated_delta_chunk_triton(*args, plan=ChunkOverrides(method="sequential"))
 
 
 def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
     """On CUDA, 16-bit activations (what serving passes) go to the chunk-64 form with TF32 products —
     the configuration the compile gate proves spill-free on sm_90 — and the dispatcher says so; FP32
     activations keep the sequential kernel (FP32 products)."""
-    import sgl_hybrid_kernel.delta_rule.chunk as chunk_mod
-    import sgl_hybrid_kernel.delta_rule.chunk_parallel as cp
+    import sgl_hybrid_kernel.delta_rule.chunk.wrapper as chunk_mod
+    import sgl_hybrid_kernel.delta_rule.chunk.parallel as cp
     import sgl_hybrid_kernel.delta_rule.dispatch as disp
     from sgl_hybrid_kernel.dispatch import chosen_paths
-    from sgl_hybrid_kernel.platform import DevicePlatform
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CUMSUM_ROW_LOOP_MIN_TRITON
+    from sgl_hybrid_kernel.platform import DevicePlatform, Target
 
     monkeypatch.setattr(disp, "device_kind", lambda t: "cuda")
-    monkeypatch.setattr(chunk_mod, "device_kind", lambda t: "cuda")
-    monkeypatch.setattr(cp, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 132, "H200"))
+    monkeypatch.setattr(Target, "of", staticmethod(lambda d: Target.from_platform(DevicePlatform("cuda", "sm90", 132, "H200"))))
     q, v, s = torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(1, 3, 128, 128)
     assert disp.choose_chunk(q, v, s) == "triton"
     choice = next(c for c in chosen_paths() if c.op == "delta_rule_prefill")
@@ -393,22 +398,23 @@ def test_cuda_bf16_prefill_takes_the_gated_chunk64_form_with_tf32(monkeypatch):
     assert "KDA: the state pass forms the output at 32 value columns" in choice.reason
     assert "Aqk one TF32 product" in choice.reason
     assert "gate cumsum: row loop (Triton 3." in choice.reason or "gate cumsum: tl.cumsum (Triton 3." in choice.reason
-    assert ("row loop (Triton" in choice.reason) == (cp.TRITON_VERSION >= cp.CUMSUM_ROW_LOOP_MIN_TRITON)
+    assert ("row loop (Triton" in choice.reason) == (cp.TRITON_VERSION >= CUMSUM_ROW_LOOP_MIN_TRITON)
     calls = []
     monkeypatch.setattr(chunk_mod, "gated_delta_chunk_parallel", lambda *a, **kw: calls.append(kw) or "ran")
     args = (q, q, v, torch.zeros(2, 3, 128, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.bfloat16), torch.zeros(3),
             torch.zeros(3 * 128), torch.tensor([0, 2]), s, torch.tensor([0]))
-    assert gated_delta_chunk_triton(*args) == "ran" and calls[0]["tf32"] is True
-    assert gated_delta_chunk_triton(*args, tf32=False, method="parallel") == "ran" and calls[1]["tf32"] is False
+    assert gated_delta_chunk_triton(*args) == "ran" and calls[0]["plan"].tf32 is True
+    assert (gated_delta_chunk_triton(*args, plan=ChunkOverrides(tf32=False, method="parallel")) == "ran"
+            and calls[1]["plan"].tf32 is False)
     monkeypatch.undo()
     disp.choose_chunk(q.float(), v.float(), s)  # leave the process-wide record as the CPU has it
 
 
 def test_host_lengths_and_cached_index_tables_give_the_same_prefill():
     """Issue 4 (host overhead): ``seq_lens_cpu`` spares the wrapper its read of ``cu_seqlens``, and
-    the chunk / group index tables are built once per offsets (``chunk_parallel.seq_plan``) and
+    the chunk / group index tables are built once per offsets (``chunk.parallel.seq_plan``) and
     reused; the results are the same either way (an empty sequence between two others)."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import seq_plan
+    from sgl_hybrid_kernel.delta_rule.chunk.seq_plan import seq_plan
 
     gen = torch.Generator().manual_seed(5)
     H, HV, K, V = 1, 1, 16, 16
@@ -417,10 +423,10 @@ def test_host_lengths_and_cached_index_tables_give_the_same_prefill():
     cu = torch.tensor([0, 70, 70, 75])
     pool0, idx = torch.randn(3, HV, K, V, generator=gen), torch.tensor([2, 0, 1])
     outs = []
-    for kw in (dict(), dict(seq_lens_cpu=lens), dict(seq_lens_cpu=lens, group_scan=True, group_chunks=1)):
+    for kw, over in ((dict(), {}), (dict(seq_lens_cpu=lens), {}), (dict(seq_lens_cpu=lens), dict(group_scan=True, group_chunks=1))):
         pool = pool0.clone()
-        o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=-5.0,
-                                     method="parallel", **kw)
+        o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, idx, gate="kda", lower_bound=-5.0, **kw,
+                                     plan=ChunkOverrides(method="parallel", **over))
         outs.append((o, pool))
     assert outs[1][0].equal(outs[0][0]) and outs[1][1].equal(outs[0][1])  # the same launches: bit-identical
     torch.testing.assert_close(outs[2][0], outs[0][0], rtol=1e-5, atol=1e-5)
@@ -432,11 +438,11 @@ def test_host_lengths_and_cached_index_tables_give_the_same_prefill():
     assert plan.NC == 3 and plan.cidx.tolist() == [[0, 0], [0, 1], [2, 0]] and plan.coff.tolist() == [0, 2, 2]
     assert plan.extra[("group_scan", 1)].gcu == [0, 64, 70, 70, 75]  # group token bounds, cached on the plan
     with pytest.raises(ValueError, match="seq_lens_cpu"):
-        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool0.clone(), idx, gate="kda", method="parallel",
-                                 seq_lens_cpu=[70, 5])
+        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool0.clone(), idx, gate="kda",
+                                 seq_lens_cpu=[70, 5], plan=ChunkOverrides(method="parallel"))
     with pytest.raises(ValueError, match="seq_lens_cpu"):
-        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool0.clone(), idx, gate="kda", method="parallel",
-                                 seq_lens_cpu=[70, 0, 500])
+        gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool0.clone(), idx, gate="kda",
+                                 seq_lens_cpu=[70, 0, 500], plan=ChunkOverrides(method="parallel"))
     with pytest.raises(ValueError, match="cu_seqlens"):
         seq_plan([0, 70, 60], torch.device("cpu"))
 
@@ -445,8 +451,9 @@ def test_fast_exp_only_in_compiled_cuda_launches():
     """``fast_exp`` (inline PTX ``ex2.approx.ftz``) reaches the stacked A kernel only where the sm_90 table
     asks for it and the kernel is compiled, never under the CPU interpreter (which cannot run inline
     assembly) nor in the CDNA entries."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_KDA_SAFE
 
     sm90 = CHUNK_LAUNCH[("sm90", 132)]
     args = (GATE_KDA_SAFE, 12, 12, 128, 128, -5.0, True, True, False)
@@ -476,7 +483,7 @@ def test_diagonal_block_inverse_matches_fp64(x3):
     """``(I + A)^-1`` of a strictly lower 16x16 block as the ``A`` programs store it (``intra_diag_inv``):
     the FP32 FMA repeated squaring and its 3xTF32 form (``intra_diag_inv_x3``, the sm_90 table; FP32
     products without TF32 rounding in the interpreter, so this checks the algebra of
-    ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` built as ``X + X P``; the TF32 rounding is bounded on the H200 by ``bench_delta_rule.py``) against
+    ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` built as ``X + X P``; the TF32 rounding is bounded on the H200 by ``bench_delta_rule_chunk.py``) against
     ``torch.linalg.inv`` in FP64, for entries of the size ``beta k_i . k_j e^{..}`` takes (|.| <= 1): one
     block of either sign and one of negative entries, whose inverse grows past 100."""
     gen = torch.Generator().manual_seed(5)
@@ -493,8 +500,9 @@ def test_diagonal_block_inverse_matches_fp64(x3):
 def test_sm90_a_programs_take_the_3xtf32_diagonal_inverse_only_with_tf32x3_products():
     """``launch_params`` passes ``DIAG_INV=2`` (3xTF32 inverses) to the stacked ``A`` programs of the sm_90
     table with TF32 products, plain ``True`` (FP32 FMA) without TF32, and the inverse launch only reads them."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
 
     launch = CHUNK_LAUNCH[("sm90", 132)]
     assert launch.intra_diag_inv and launch.intra_diag_inv_x3
@@ -510,10 +518,10 @@ def test_sm90_cumsum_row_loop_follows_the_triton_version_and_the_inverse_streams
     faster form there, 3.8's the slower: eighteenth round), and its inverse launch (diagonal inverses from
     the ``A`` programs, chained 3xTF32 merges) stores each block once formed on one warp; without TF32
     products (no chained merges) it keeps the plain form."""
-    import sgl_hybrid_kernel.delta_rule.chunk_parallel as cp
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    import sgl_hybrid_kernel.delta_rule.chunk.parallel as cp
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
 
-    launch = cp.CHUNK_LAUNCH[("sm90", 132)]
+    launch = chunk_rules.CHUNK_LAUNCH[("sm90", 132)]
     try:
         # (version, kind): row loop, channels per program, warps (tl.cumsum keeps the table's 64 / 4)
         for version, kind, want in (((3, 6), GATE_KDA_SAFE, (False, 64, 4)), ((3, 8), GATE_KDA_SAFE, (True, 128, 2)),
@@ -553,8 +561,9 @@ def test_sm90_table_at_the_serving_head_size_matches_fp64():
     which the K = 64 tests above never reach. Two packed sequences (130 and 64 tokens, initial
     states from slots 1 / 0), a checkpoint at token 80, a NaN slot nobody names: outputs, final
     states and the checkpoint within 1e-5 of the FP64 recurrence, the NaN slot untouched."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, gated_delta_chunk_parallel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import gated_delta_chunk_parallel
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_KDA_SAFE
 
     launch = CHUNK_LAUNCH[("sm90", 132)]
     assert launch.state_kd == 128 and launch.state_kd_ckpt == 64
@@ -596,8 +605,8 @@ def test_gdn_state_pass_with_fused_output_matches_the_separate_output_step(monke
     :func:`use_fused_output` follows the table's ``fuse_output_gdn`` for GDN only."""
     import dataclasses
 
-    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk import parallel as cp
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
 
     gen = torch.Generator().manual_seed(31)
     lens, H, HV, K, V = [150, 41], 1, 2, 32, 32
@@ -614,7 +623,7 @@ def test_gdn_state_pass_with_fused_output_matches_the_separate_output_step(monke
         return t
 
     monkeypatch.setattr(torch, "empty", spy)
-    small = cp.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
+    small = chunk_rules.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
                            intra_a_kd=16, intra_a_stacked=True, intra_solve_lowp=True, state_lowp=True, output_lowp=True)
     qe, ke = torch.repeat_interleave(l2_norm(q), HV // H, 1), torch.repeat_interleave(l2_norm(k), HV // H, 1)
     rel = lambda a, r: float((a.double() - r.double()).norm() / r.double().norm())  # noqa: E731
@@ -629,7 +638,7 @@ def test_gdn_state_pass_with_fused_output_matches_the_separate_output_step(monke
         assert o is out and not o.isnan().any()
         return o, pool
 
-    for launch in (small, cp.INTERPRETER_LAUNCH):
+    for launch in (small, chunk_rules.INTERPRETER_LAUNCH):
         res = {}
         for fuse in (False, True):
             made.clear()
@@ -646,11 +655,11 @@ def test_gdn_state_pass_with_fused_output_matches_the_separate_output_step(monke
     for kw in (dict(kind=GATE_KDA_SAFE, lb=-5.0, gate=fkda), dict(ckpts=[(0, 64, 0)]), dict(sd=torch.float32)):
         with pytest.raises(ValueError, match="fuse_output"):
             run(small, True, **kw)
-    table = cp.CHUNK_LAUNCH[("sm90", 132)]
+    table = chunk_rules.CHUNK_LAUNCH[("sm90", 132)]
     off = dataclasses.replace(table, fuse_output_gdn=False)
-    assert [cp.use_fused_output(t, kind, True, False) for t in (table, off) for kind in (GATE_GDN, GATE_KDA_SAFE)] == \
+    assert [chunk_rules.use_fused_output(t, kind, True, False) for t in (table, off) for kind in (GATE_GDN, GATE_KDA_SAFE)] == \
         [table.fuse_output_gdn, False, False, False]
-    assert not cp.use_fused_output(table, GATE_GDN, True, True) and not cp.use_fused_output(table, GATE_GDN, False, False)
+    assert not chunk_rules.use_fused_output(table, GATE_GDN, True, True) and not chunk_rules.use_fused_output(table, GATE_GDN, False, False)
 
 
 def test_kda_unstacked_a_programs_and_fused_output_match_the_separate_steps(monkeypatch):
@@ -669,8 +678,8 @@ must not be read). ``fuse_output=True`` raises ``ValueError`` for the unbounded 
     factorised range (15 |lb| > 80) and FP32 products; the sm_90 table fuses at 32-column state tiles only."""
     import dataclasses
 
-    from sgl_hybrid_kernel.delta_rule import chunk_parallel as cp
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk import parallel as cp
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_KDA, GATE_KDA_SAFE
 
     gen = torch.Generator().manual_seed(37)
     lens, H, HV, K, V = [150, 41], 1, 2, 32, 16
@@ -687,7 +696,7 @@ must not be read). ``fuse_output=True`` raises ``ValueError`` for the unbounded 
         return t.fill_(NAN) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", spy)
-    small = cp.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
+    small = chunk_rules.ChunkLaunch("t", intra_kd=16, state_kd=8, state_bv=16, value_tile=16, intra_split=True, intra_inv=True,
                            intra_a_kd=16, intra_a_stacked=True, intra_solve_lowp=True, state_lowp=True, output_lowp=True,
                            intra_precision="tf32x3", intra_aqk_tf32=True)
     qe, ke = torch.repeat_interleave(l2_norm(q), HV // H, 1), torch.repeat_interleave(l2_norm(k), HV // H, 1)
@@ -702,7 +711,7 @@ must not be read). ``fuse_output=True`` raises ``ValueError`` for the unbounded 
         assert o is out and not o.isnan().any()
         return o, pool
 
-    for launch in (small, cp.INTERPRETER_LAUNCH):
+    for launch in (small, chunk_rules.INTERPRETER_LAUNCH):
         stacked = run(dataclasses.replace(launch, intra_aqk_tf32=False), False, sd=torch.float32)
         split = run(launch, False, sd=torch.float32)
         assert rel(split[0], stacked[0]) < 1e-6 and rel(split[1], stacked[1]) < 1e-6
@@ -723,9 +732,9 @@ must not be read). ``fuse_output=True`` raises ``ValueError`` for the unbounded 
     for kw in (dict(kind=GATE_KDA, lb=None), dict(lb=-10.0), dict(tf32=False)):
         with pytest.raises(ValueError, match="fuse_output"):
             run(small, True, **kw)
-    table = cp.CHUNK_LAUNCH[("sm90", 132)]
-    assert [cp.use_fused_output(table, GATE_KDA_SAFE, True, False, -5.0, True, bv) for bv in (16, 32, 64)] == \
+    table = chunk_rules.CHUNK_LAUNCH[("sm90", 132)]
+    assert [chunk_rules.use_fused_output(table, GATE_KDA_SAFE, True, False, -5.0, True, bv) for bv in (16, 32, 64)] == \
         [False, True, False]
-    assert not cp.use_fused_output(table, GATE_KDA_SAFE, True, True, -5.0, True, 32)  # checkpoints
-    assert not cp.use_fused_output(dataclasses.replace(table, fuse_output_kda_bv=()), GATE_KDA_SAFE, True, False, -5.0,
+    assert not chunk_rules.use_fused_output(table, GATE_KDA_SAFE, True, True, -5.0, True, 32)  # checkpoints
+    assert not chunk_rules.use_fused_output(dataclasses.replace(table, fuse_output_kda_bv=()), GATE_KDA_SAFE, True, False, -5.0,
                                    True, 32)

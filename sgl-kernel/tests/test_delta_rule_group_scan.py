@@ -14,16 +14,14 @@ transition ``A_g`` changes every later group (asserted in the torch-twin test).
 import pytest
 import torch
 
+from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
 from sgl_hybrid_kernel import dispatch
-from sgl_hybrid_kernel.delta_rule import chunk_group_scan
+from sgl_hybrid_kernel.delta_rule.chunk import group_scan as chunk_group_scan
 from sgl_hybrid_kernel.delta_rule import dispatch as dr_dispatch
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
-from sgl_hybrid_kernel.delta_rule.group_scan_reference import group_scan_sequence, prefill_group_scan_torch
-from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
-from sgl_hybrid_kernel.gdn import gdn_gate
-from sgl_hybrid_kernel.kda import kda_gate
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.naive import (gated_delta_recurrent, gdn_gate, group_scan_sequence, kda_gate, prefill_group_scan_torch)
 from sgl_hybrid_kernel.norm import l2_norm
-from sgl_hybrid_kernel.platform import DevicePlatform
+from sgl_hybrid_kernel.platform import DevicePlatform, Target
 from test_delta_rule_triton import _batch
 
 NAN = float("nan")
@@ -34,7 +32,7 @@ INIT = [1, 1, 0, 1]
 CKPTS = [(0, 48, 0), (0, 64, 1), (0, 128, 2), (0, 200, 3), (1, 5, 4), (2, 64, 5), (2, 130, 6), (3, 16, 7)]
 
 
-def _run(gate, lower_bound, layout, **kw):
+def _run(gate, lower_bound, layout, **over):
     gen = torch.Generator().manual_seed(21)
     H, HV, K, V = 1, 2, 16, 16
     q, k, v, f, b, A, dtb = _batch(gen, 1, sum(LENS), H, HV, K, V, gate)
@@ -48,8 +46,8 @@ def _run(gate, lower_bound, layout, **kw):
     ck = ck if layout == "kv" else ck.transpose(-1, -2).contiguous()
     o = torch.full_like(v, NAN)
     gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, pool, torch.tensor(SLOTS), torch.tensor(INIT), gate, lower_bound,
-                             state_layout=layout, value_tile=8, checkpoints=CKPTS, checkpoint_pool=ck, out=o,
-                             method="parallel", **kw)
+                             state_layout=layout, checkpoints=CKPTS, checkpoint_pool=ck, out=o,
+                             plan=ChunkOverrides(value_tile=8, method="parallel", **over))
     as_kv = (lambda t: t) if layout == "kv" else (lambda t: t.transpose(-1, -2))
     return dict(q=q, k=k, v=v, f=f, b=b, A=A, dtb=dtb, cu=cu, pool_kv=pool_kv, o=o, final=as_kv(pool), ck=as_kv(ck), HV=HV, H=H)
 
@@ -131,7 +129,7 @@ def test_plan_groups_auto_rule_and_dispatch_log(monkeypatch):
     q, v = torch.empty(1, 4, 128), torch.empty(1, 4, 128)
     assert dr_dispatch.choose_group_scan(q, v, [4096]) is None  # CPU: never auto
     assert {c.op: c.impl for c in dispatch.chosen_paths()}[dr_dispatch.GROUP_SCAN_OP] == "plain"
-    monkeypatch.setattr(dr_dispatch, "device_platform", lambda d: DevicePlatform("cuda", "sm90", 132, "H200"))
+    monkeypatch.setattr(Target, "of", staticmethod(lambda d: Target.from_platform(DevicePlatform("cuda", "sm90", 132, "H200"))))
     # the shape qualifies, but the mode was timed slower than the plain pass on the H200
     assert dr_dispatch.choose_group_scan(q, v, [4096]) is None
     choice = {c.op: c for c in dispatch.chosen_paths()}[dr_dispatch.GROUP_SCAN_OP]
@@ -152,10 +150,10 @@ def test_group_scan_arguments_are_checked():
     args = (q, q, torch.randn(4, 1, 16), torch.randn(4, 1, 16), torch.randn(4, 1), torch.rand(1), torch.randn(16),
             torch.tensor([0, 4]), torch.zeros(1, 1, 16, 16), torch.tensor([0]))
     with pytest.raises(ValueError, match="group_scan"):
-        gated_delta_chunk_triton(*args, group_scan="yes")
+        gated_delta_chunk_triton(*args, plan=ChunkOverrides(group_scan="yes"))
     with pytest.raises(ValueError, match="group_chunks"):
-        gated_delta_chunk_triton(*args, group_scan=True, group_chunks=0)
+        gated_delta_chunk_triton(*args, plan=ChunkOverrides(group_scan=True, group_chunks=0))
     with pytest.raises(ValueError, match="group_scan"):
-        gated_delta_chunk_triton(*args, group_scan=True, method="sequential")
+        gated_delta_chunk_triton(*args, plan=ChunkOverrides(group_scan=True, method="sequential"))
     with pytest.raises(ValueError, match="group_chunks"):
         chunk_group_scan.plan_groups([10], 0)

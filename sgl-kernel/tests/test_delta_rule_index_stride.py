@@ -7,8 +7,10 @@ a ``ValueError`` naming the argument (CPU tensors). Triton interpreter, FP32, ti
 import pytest
 import torch
 
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, replay_commit
+from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.plan import RecurrentOverrides
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton, replay_commit
 from sgl_hybrid_kernel.kda.fused_decode import kda_fused_decode
 from test_delta_rule_triton import _batch
 
@@ -43,8 +45,10 @@ def _untouched(pool) -> bool:
     return bool(pool[[j for j in range(pool.shape[0]) if j not in NAMED]].isnan().all())
 
 
-@pytest.mark.parametrize("kw", [dict(wide=False, value_tile=4), dict(wide=True, value_tile=4),
-                                dict(wide=True, value_tile=8, key_lanes=2), dict(form="chunk", value_tile=8)],
+@pytest.mark.parametrize("kw", [dict(plan=RecurrentOverrides(wide=False, value_tile=4)),
+                                dict(plan=RecurrentOverrides(wide=True, value_tile=4)),
+                                dict(plan=RecurrentOverrides(wide=True, value_tile=8, key_lanes=2)),
+                                dict(plan=RecurrentOverrides(form="chunk", value_tile=8))],
                          ids=["register_tile", "one_warp", "lanes", "chunk_form"])
 @pytest.mark.parametrize("T", [1, 3])
 def test_decode_and_verify_take_a_strided_state_index_column(kw, T):
@@ -64,8 +68,10 @@ def test_decode_and_verify_take_a_strided_state_index_column(kw, T):
     assert not torch.equal(pool[5], base[5])  # committed
 
 
-@pytest.mark.parametrize("kw", [dict(wide=False, value_tile=4), dict(wide=True, value_tile=4),
-                                dict(wide=True, value_tile=8, key_lanes=2)], ids=["register_tile", "one_warp", "lanes"])
+@pytest.mark.parametrize("kw", [dict(plan=RecurrentOverrides(wide=False, value_tile=4)),
+                                dict(plan=RecurrentOverrides(wide=True, value_tile=4)),
+                                dict(plan=RecurrentOverrides(wide=True, value_tile=8, key_lanes=2))],
+                         ids=["register_tile", "one_warp", "lanes"])
 def test_verify_takes_strided_inter_indices(kw):
     gen = torch.Generator().manual_seed(43)
     B, T, H, K, V = 3, 2, 2, 32, 32
@@ -93,12 +99,12 @@ def test_replay_commit_takes_strided_accepted_counts():
     base = _pool(gen, H, K, V)
     idx = TABLE[:, 0].contiguous()
     rb = torch.zeros(SLOTS, T - 1, H, K + 1 + 1 + V)
-    gated_delta_recurrent_triton(*w1, base, idx, T, "gdn", replay_buffer=rb, value_tile=4)
+    gated_delta_recurrent_triton(*w1, base, idx, T, "gdn", replay_buffer=rb, plan=RecurrentOverrides(value_tile=4))
     acc = torch.tensor([[2, 3], [1, 1], [3, 2]], dtype=torch.int32)
 
     def run(acc_col):
         pool = base.clone()
-        replay_commit(pool, idx, acc_col, rb, K, "gdn", value_tile=4)
+        replay_commit(pool, idx, acc_col, rb, K, "gdn", plan=RecurrentOverrides(value_tile=4))
         return pool[list(NAMED)], pool
 
     named, pool = _same_for_strided_and_contiguous(run, acc[:, 0])
@@ -121,8 +127,8 @@ def test_chunk_prefill_takes_strided_indices_flags_and_offsets(method):
         pool = base.clone()
         strided = not idx.is_contiguous()
         o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu[:, 0] if strided else cu[:, 0].contiguous(), pool, idx,
-                                     init[:, 0] if strided else init[:, 0].contiguous(), "kda", -5.0, value_tile=8,
-                                     method=method)
+                                     init[:, 0] if strided else init[:, 0].contiguous(), "kda", -5.0,
+                                     plan=ChunkOverrides(value_tile=8, method=method))
         return o, pool
 
     o, pool = _same_for_strided_and_contiguous(run)

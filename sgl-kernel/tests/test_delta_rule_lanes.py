@@ -16,10 +16,14 @@ from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.gate import naive_kda_lowerbound_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 
-import sgl_hybrid_kernel.delta_rule.recurrent as rec
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, pick_lanes_tile, replay_commit
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import _fold_last
-from sgl_hybrid_kernel.gdn import gdn_gate
+import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
+import sgl_hybrid_kernel.delta_rule.plan as plan_mod
+import sgl_hybrid_kernel.delta_rule.recurrent.rules as rules
+from sgl_hybrid_kernel.delta_rule.plan import RecurrentOverrides
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton, replay_commit
+from sgl_hybrid_kernel.delta_rule.recurrent.rules import pick_lanes_tile
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import _fold_last
+from sgl_hybrid_kernel.delta_rule.naive import gdn_gate
 from sgl_hybrid_kernel.norm import l2_norm
 from test_delta_rule_triton import _batch  # the same random inputs as the one-warp kernel's tests
 
@@ -45,7 +49,7 @@ def _naive(gate, q, k, v, f, b, A, dtb, lb, S0, G):
 def test_lanes_kernel_matches_fla_naive(monkeypatch, v_first, gate, T, value_tile, key_lanes, commit):
     """Outputs and committed states against fla's naive recurrences: GVA for GDN, a padding row whose
     slot holds NaN (zeros out, pool untouched), both tile arrangements (``V_FIRST``)."""
-    monkeypatch.setattr(rec, "lanes_v_first", lambda: v_first)
+    monkeypatch.setattr(plan_mod, "lanes_v_first", lambda: v_first)
     gen = torch.Generator().manual_seed(21)
     B, H, K, V = 3, 2, 32, 32
     HV = 4 if gate == "gdn" else H
@@ -56,7 +60,7 @@ def test_lanes_kernel_matches_fla_naive(monkeypatch, v_first, gate, T, value_til
     idx = torch.tensor([3, -1, 0], dtype=torch.int32)
     lb = -5.0 if gate == "kda" else None
     o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, state_layout="vk", commit=commit,
-                                     value_tile=value_tile, key_lanes=key_lanes)
+                                     plan=RecurrentOverrides(value_tile=value_tile, key_lanes=key_lanes))
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     assert pool[1].isnan().all()
     for i, s in enumerate(idx.tolist()):
@@ -85,7 +89,7 @@ def test_lanes_deferred_commit_is_bit_exact_against_snapshots(gate):
     idx = torch.tensor([2, 6, 0, 5], dtype=torch.int32)
     idx_pad = torch.tensor([2, -1, 0, 5], dtype=torch.int32)
     acc = torch.tensor([1, 2, 4, 3], dtype=torch.int32)
-    kw = dict(state_layout="vk", value_tile=bv, key_lanes=kl)
+    kw = dict(state_layout="vk", plan=RecurrentOverrides(value_tile=bv, key_lanes=kl))
     N = B * T
     inter = torch.zeros(N, HV, V, K)
     o_s = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx_pad, T, gate, lb, commit=False, inter_state=inter,
@@ -97,8 +101,8 @@ def test_lanes_deferred_commit_is_bit_exact_against_snapshots(gate):
     assert torch.equal(o_s, o_d)
     assert rb1[6].isnan().all() and p_def[6].isnan().all()  # the padding row's slot: no record, no state
     p_fused = p_def.clone()
-    replay_commit(p_def, idx_pad, acc, rb1, K, gate, state_layout="vk", value_tile=bv, key_lanes=kl, num_k_heads=H,
-                  activation_dtype=torch.float32, lower_bound=lb)
+    replay_commit(p_def, idx_pad, acc, rb1, K, gate, state_layout="vk", num_k_heads=H,
+                  activation_dtype=torch.float32, lower_bound=lb, plan=RecurrentOverrides(value_tile=bv, key_lanes=kl))
     live = [i for i, s in enumerate(idx_pad.tolist()) if s >= 0]
     for i in live:
         assert torch.equal(p_def[int(idx[i])], inter[i * T + int(acc[i]) - 1])
@@ -111,7 +115,7 @@ def test_lanes_deferred_commit_is_bit_exact_against_snapshots(gate):
     assert torch.equal(o2_ref, o2_f)
     # and the lanes kernel agrees with the one-warp kernel to FP32 rounding (different summation order)
     o_w = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx_pad, T, gate, lb, state_layout="vk", commit=False,
-                                       value_tile=bv, key_lanes=0)
+                                       plan=RecurrentOverrides(value_tile=bv, key_lanes=0))
     torch.testing.assert_close(o_s, o_w, rtol=1e-5, atol=1e-6)
 
 
@@ -132,15 +136,16 @@ def test_replay_records_work_across_kernels(gate, verify_lanes, replay_lanes):
     N = B * T
     inter = torch.zeros(N, HV, V, K)
     gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool.clone(), idx, T, gate, lb, state_layout="vk", commit=False,
-                                 inter_state=inter, inter_indices=torch.arange(N, dtype=torch.int32), value_tile=bv,
-                                 key_lanes=verify_lanes)
+                                 inter_state=inter, inter_indices=torch.arange(N, dtype=torch.int32),
+                                 plan=RecurrentOverrides(value_tile=bv, key_lanes=verify_lanes))
     gk = 1 if gate == "gdn" else K
     rb = torch.zeros(4, T - 1, HV, K + gk + 1 + V)
     p = pool.clone()
     gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb,
-                                 value_tile=bv, key_lanes=verify_lanes)
-    replay_commit(p, idx, acc, rb, K, gate, state_layout="vk", value_tile=bv, key_lanes=replay_lanes, num_k_heads=H,
-                  activation_dtype=torch.float32, lower_bound=lb)
+                                 plan=RecurrentOverrides(value_tile=bv, key_lanes=verify_lanes))
+    replay_commit(p, idx, acc, rb, K, gate, state_layout="vk", num_k_heads=H,
+                  activation_dtype=torch.float32, lower_bound=lb,
+                  plan=RecurrentOverrides(value_tile=bv, key_lanes=replay_lanes))
     for i, s in enumerate(idx.tolist()):
         torch.testing.assert_close(p[s], inter[i * T + int(acc[i]) - 1], rtol=1e-5, atol=1e-5)
 
@@ -200,7 +205,7 @@ def test_wrapper_takes_the_lanes_kernel_by_the_rule(monkeypatch):
     launched.clear()
     launch(8, 4, 12, 12, "kda", commit=False)
     launch(32, 1, 16, 48, "gdn", commit=True)
-    launch(32, 5, 16, 48, "gdn", commit=False, value_tile=8)
+    launch(32, 5, 16, 48, "gdn", commit=False, plan=RecurrentOverrides(value_tile=8))
     assert [name for name, *_ in launched] == ["gated_delta_verify_wide_kernel"] * 3
 
 
@@ -209,7 +214,7 @@ def test_lanes_kernel_refuses_shapes_outside_its_contract():
     q, k, v, f, b, A, dtb = _batch(gen, 2, 2, 2, 2, 24, 16, "gdn")
     with pytest.raises(ValueError, match="key_lanes"):
         gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, torch.zeros(2, 2, 16, 24), torch.arange(2), 2, "gdn",
-                                     state_layout="vk", value_tile=8, key_lanes=4)
+                                     state_layout="vk", plan=RecurrentOverrides(value_tile=8, key_lanes=4))
 
 
 def _run_compiled(code: str) -> str:
@@ -227,7 +232,7 @@ def test_installed_triton_puts_lanes_on_the_value_axis():
     arrangement would put every lane on the keys (Triton 3.6 and 3.7+ break the tie between the two
     non-contiguous axes in opposite directions). Compiled in a subprocess: this suite runs the interpreter."""
     out = _run_compiled("from sgl_hybrid_kernel.compile_gate import blocked_layouts; "
-                        "from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_v_first; "
+                        "from sgl_hybrid_kernel.delta_rule.recurrent.triton_lanes import lanes_v_first; "
                         "print(lanes_v_first(), [t for s, t in blocked_layouts('gdn_lanes_t5_bv16_kl8') if len(t) == 3])")
     v_first, three_d = out.split(" ", 1)
     three_d = ast.literal_eval(three_d)
@@ -251,14 +256,14 @@ def test_programmatic_dependent_launch_only_on_sm90_and_newer(monkeypatch, plat,
     """``lanes_pdl`` decides whether the prologue -> lanes pair is launched with programmatic dependent
     launch (the lanes kernel's ``gdc_wait`` is NVIDIA-only PTX): sm_90 and newer, not on ROCm / CPU /
     older NVIDIA, and not when the environment turns it off."""
-    from sgl_hybrid_kernel.platform import DevicePlatform
+    from sgl_hybrid_kernel.platform import DevicePlatform, Target
 
-    monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform(*plat))
+    target = Target.from_platform(DevicePlatform(*plat), interpreter=False)
     if env is None:
         monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
     else:
         monkeypatch.setenv("SGL_HYBRID_LANES_PDL", env)
-    assert rec.lanes_pdl(torch.device("cpu")) is want
+    assert rules.lanes_pdl(target) is want
 
 
 @pytest.mark.parametrize("version, plain, per_channel, bv, want", [
@@ -273,13 +278,12 @@ def test_plain_gdn_windows_skip_programmatic_dependent_launch_from_triton_3_7(mo
     """``lanes_pdl``'s version rule (H200 figures in its docstring): only plain windows with a per-head decay
     (GDN) over 8 columns under Triton >= 3.7 lose the programmatic dependent launch; the kernel pair honours the
     answer."""
-    from sgl_hybrid_kernel.platform import DevicePlatform
+    from sgl_hybrid_kernel.platform import Target
 
-    monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform("cuda", "sm90"))
-    monkeypatch.setattr(rec, "TRITON_VERSION", version)
+    target = Target("cuda", "sm90", 132, False, version)
     monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
-    assert rec.lanes_pdl(torch.device("cpu"), plain, per_channel, bv) is want
-    assert rec.lanes_pdl(torch.device("cpu")) is True  # callers that do not name the window keep the old answer
+    assert rules.lanes_pdl(target, plain, per_channel, bv) is want
+    assert rules.lanes_pdl(target) is True  # callers that do not name the window keep the old answer
 
 
 @pytest.mark.parametrize("version", [(3, 6), (3, 8)])
@@ -288,9 +292,9 @@ def test_lanes_pair_launches_as_the_pdl_rule_says(monkeypatch, version):
     lanes kernel's launch (``launch_pdl``): on an sm_90 device under Triton 3.8 a plain GDN window at 16 columns goes
     without it, one at 8 columns, a plain KDA window and a deferred GDN window with it; under 3.6 all with it. Kernels
     replaced by spies."""
-    from sgl_hybrid_kernel.platform import DevicePlatform
+    from sgl_hybrid_kernel.platform import Target
 
-    if rec.gdc_wait is None:
+    if rules.gdc_wait is None:
         pytest.skip("this Triton has no grid dependency control: lanes_pdl is always False")
     launched = []
 
@@ -303,16 +307,15 @@ def test_lanes_pair_launches_as_the_pdl_rule_says(monkeypatch, version):
 
     for name in ("gated_delta_verify_lanes_kernel", "token_prep_kernel"):
         monkeypatch.setattr(rec, name, Spy(name))
-    monkeypatch.setattr(rec, "device_platform", lambda device: DevicePlatform("cuda", "sm90"))
-    monkeypatch.setattr(rec, "TRITON_VERSION", version)
+    monkeypatch.setattr(Target, "of", staticmethod(lambda device: Target("cuda", "sm90", 132, True, version)))
     monkeypatch.delenv("SGL_HYBRID_LANES_PDL", raising=False)
     gen = torch.Generator().manual_seed(25)
 
     def launch(B, T, H, HV, gate, bv=16, **kw):
         q, k, v, f, b, A, dtb = _batch(gen, B, T, H, HV, 128, 128, gate)
         gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, torch.zeros(B, HV, 128, 128), torch.arange(B, dtype=torch.int32),
-                                     T, gate, -5.0 if gate == "kda" else None, state_layout="vk", key_lanes=8,
-                                     value_tile=bv, **kw)
+                                     T, gate, -5.0 if gate == "kda" else None, state_layout="vk", **kw,
+                                     plan=RecurrentOverrides(key_lanes=8, value_tile=bv))
         got = launched[-2:]
         launched.clear()
         return got
@@ -354,23 +357,18 @@ def test_fold_last_adds_in_index_order(n):
         assert not torch.equal(tree[..., 0], want)
 
 
-@pytest.mark.parametrize("device, hip, interpret, want", [
-    ("cuda", None, None, True),  # CUDA: the key blocks in index order
-    ("cuda", "6.4", None, False),  # ROCm (torch's "cuda" device with a HIP build): compiled, not run, so off
-    ("cpu", None, "1", True),  # the interpreter runs the CUDA form (these tests)
-    ("cpu", None, None, False),
+@pytest.mark.parametrize("vendor, interpreter, want", [
+    ("cuda", False, True),  # CUDA: the key blocks in index order
+    ("rocm", False, False),  # ROCm: compiled, not run, so off
+    ("cpu", True, True),  # the interpreter runs the CUDA form (these tests)
+    ("cpu", False, False),
 ])
-def test_lanes_fold_rule(monkeypatch, device, hip, interpret, want):
-    """``triton_lanes.lanes_fold``: ``FOLD`` on CUDA and in the interpreter only; one answer per process, so a window
-    and its replays sum alike."""
-    from sgl_hybrid_kernel.delta_rule.triton_lanes import lanes_fold
+def test_lanes_fold_rule(vendor, interpreter, want):
+    """``recurrent.rules.lanes_fold``: ``FOLD`` on CUDA and in the interpreter only; one answer per target, so a
+    window and its replays sum alike."""
+    from sgl_hybrid_kernel.platform import Target
 
-    monkeypatch.setattr(torch.version, "hip", hip)
-    if interpret is None:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    else:
-        monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    assert lanes_fold(device) is want
+    assert rules.lanes_fold(Target(vendor, interpreter=interpreter)) is want
 
 
 def test_replay_records_and_states_are_stored_streaming():

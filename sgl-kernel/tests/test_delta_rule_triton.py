@@ -11,12 +11,12 @@ from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.gate import naive_kda_gate, naive_kda_lowerbound_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 
+from sgl_hybrid_kernel.delta_rule.plan import ChunkOverrides
 from sgl_hybrid_kernel.conv.reference import causal_conv1d_step
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton, replay_commit
-from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
-from sgl_hybrid_kernel.gdn import gdn_gate
-from sgl_hybrid_kernel.kda import kda_gate
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.plan import RecurrentOverrides
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton, replay_commit
+from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, gdn_gate, kda_gate
 from sgl_hybrid_kernel.kda.fused_decode import kda_fused_decode
 from sgl_hybrid_kernel.norm import gated_rms_norm, l2_norm
 
@@ -44,7 +44,8 @@ def test_kda_decode_matches_fla_naive_with_nan_padding(layout, lower_bound):
     kv_pool[2] = NAN
     pool = kv_pool.clone() if layout == "kv" else kv_pool.transpose(-1, -2).contiguous()
     idx = torch.tensor([5, -1, 0, 3])  # a padding row (-1); slot 2 holds NaN and is never named
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, 1, "kda", lower_bound, state_layout=layout, value_tile=4)
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, 1, "kda", lower_bound, state_layout=layout,
+                                     plan=RecurrentOverrides(value_tile=4))
     after = pool if layout == "kv" else pool.transpose(-1, -2)
     assert (o[1] == 0).all() and not o.isnan().any()
     assert after[2].isnan().all()
@@ -72,7 +73,8 @@ def test_gdn_verify_gva_matches_fla_naive_and_saves_every_position(preload):
     idx = torch.tensor([3, 1])
     inter = torch.full((B * T, HV, K, V), NAN)
     o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "gdn", commit=False, inter_state=inter,
-                                     inter_indices=torch.arange(B * T), value_tile=4, preload=preload)
+                                     inter_indices=torch.arange(B * T),
+                                     plan=RecurrentOverrides(value_tile=4, preload=preload))
     torch.testing.assert_close(pool, before)  # verify does not commit
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -97,7 +99,8 @@ def test_kda_verify_per_token_inputs_match_fla_naive():
     kv_pool = torch.randn(5, H, K, V, generator=gen)
     pool = kv_pool.transpose(-1, -2).contiguous()
     idx = torch.tensor([4, -1, 0])
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", commit=True, value_tile=16)
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, "kda", -5.0, state_layout="vk", commit=True,
+                                     plan=RecurrentOverrides(value_tile=16))
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     for i, s in enumerate(idx.tolist()):
         if s < 0:
@@ -122,7 +125,8 @@ def test_wide_verify_kernel_matches_fla_naive(gate, commit):
     before = pool.clone()
     idx = torch.tensor([2, -1, 4])
     lb = -5.0 if gate == "kda" else None
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, wide=True, value_tile=16)
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit,
+                                     plan=RecurrentOverrides(wide=True, value_tile=16))
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     G = HV // H
     for i, s in enumerate(idx.tolist()):
@@ -149,7 +153,7 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
     and deferred commit its all-modes binary: 4 / 8 columns (KDA's all-modes windows never take the lanes
     kernel). Decode on the V-major pool takes the ``PLAIN`` binary too; decode on the K-major pool and
     an explicit ``preload`` keep the register-tile kernel."""
-    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
 
     calls = []
 
@@ -174,7 +178,7 @@ def test_every_verify_mode_and_decode_take_the_one_warp_kernel(monkeypatch):
         run(commit=True)
         run(commit=False, inter_state=torch.zeros(B * T, H, V, K), inter_indices=torch.arange(B * T))
         run(replay_buffer=torch.zeros(B, T - 1, H, K + K + 1 + V))
-        run(commit=False, preload=True)  # that kernel's knob: the register-tile kernel
+        run(commit=False, plan=RecurrentOverrides(preload=True))  # that kernel's knob: the register-tile kernel
     gated_delta_recurrent_triton(q[:B], k[:B], v[:B], f[:B], b[:B], A, dtb, pool, idx, 1, "kda", -5.0, state_layout="vk")
     plain, modes, narrow = [("wide", 2, 1, None, True)] * 2, [("wide", 4, 1, None, False)] * 2, [("narrow", 4, 1, True, None)]
     lanes = [("prep", None, 1, None, None), ("lanes", 16, 1, None, True)] * 2
@@ -197,7 +201,8 @@ def test_deferred_commit_is_bit_exact_against_snapshots(gate, preload):
     B, T, H, HV, K, V = 3, 4, 2, 4, 16, 8
     w1 = _batch(gen, B, T, H, HV, K, V, gate)
     w2 = _batch(gen, B, T, H, HV, K, V, gate)[:5]
-    p_def, rb1 = _deferred_matches_snapshots(gate, w1, w2, torch.randn(6, HV, K, V, generator=gen), T, K, V, preload=preload)
+    p_def, rb1 = _deferred_matches_snapshots(gate, w1, w2, torch.randn(6, HV, K, V, generator=gen), T, K, V,
+                                             plan=RecurrentOverrides(preload=preload))
     with pytest.raises(ValueError, match="ping-pong"):
         gated_delta_recurrent_triton(*w2, w1[5], w1[6], p_def, torch.tensor([4, 1, 3]), T, gate, replay_buffer=rb1,
                                      replay_prev=rb1, accept_prev=torch.tensor([2, 4, 1]))
@@ -224,7 +229,7 @@ def _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, **kw):
     d1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, **kw)
     d2 = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
                                       **kw)
-    replay_commit(p_def, idx, acc2, rb2, K, gate, **kw)
+    replay_commit(p_def, idx, acc2, rb2, K, gate, **kw)  # the verify's layout and plan
     assert torch.equal(o1, d1) and torch.equal(o2, d2)
     for i, (s, a) in enumerate(zip(idx.tolist(), acc2.tolist())):
         assert torch.equal(p_def[s], inter[i * T + a - 1])
@@ -233,20 +238,23 @@ def _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, **kw):
 
 @pytest.mark.parametrize("gate,value_tile", [("gdn", 8), ("kda", 4)])
 def test_deferred_commit_is_bit_exact_with_in_order_key_sums(gate, value_tile):
-    """The one-warp kernel on the 128-key V-major pool, where ``recurrent.use_seq_key_sums`` turns ``SEQ`` on (the
+    """The one-warp kernel on the 128-key V-major pool, where ``recurrent.rules.use_seq_key_sums`` turns ``SEQ`` on (the
     interpreter runs it; CUDA sm_90 does too): a deferred window, its fused replay and ``replay_commit`` equal the
     snapshot path bit for bit, so verify and replay add every key sum in the same order. (A replay summing with
     ``tl.sum`` while its verify folds differs here in the last bits.)"""
-    from sgl_hybrid_kernel.delta_rule.recurrent import use_seq_key_sums
+    from sgl_hybrid_kernel.delta_rule.recurrent.rules import use_seq_key_sums, xred_aligned
+    from sgl_hybrid_kernel.platform import Target
 
     gen = torch.Generator().manual_seed(31)
     B, T, H, HV, K, V = 3, 4, 1, 2, 128, 16
     w1 = _batch(gen, B, T, H, HV, K, V, gate)
     w2 = _batch(gen, B, T, H, HV, K, V, gate)[:5]
     pool = torch.randn(6, HV, V, K, generator=gen)
-    assert use_seq_key_sums(torch.device("cpu"), "vk", 1, K, 1, pool)
-    assert not use_seq_key_sums(torch.device("cpu"), "vk", 1, 64, 1, pool[..., :64])  # another key width: off
-    _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, state_layout="vk", value_tile=value_tile)
+    interp = Target("cpu", interpreter=True)
+    assert use_seq_key_sums(interp, "vk", 1, K, 1, xred_aligned(pool))
+    assert not use_seq_key_sums(interp, "vk", 1, 64, 1, xred_aligned(pool[..., :64]))  # another key width: off
+    _deferred_matches_snapshots(gate, w1, w2, pool, T, K, V, state_layout="vk",
+    plan=RecurrentOverrides(value_tile=value_tile))
 
 
 @pytest.mark.parametrize("gate,T,value_tile", [("gdn", 5, 8), ("kda", 3, 4), ("gdn", 2, 16), ("kda", 5, 16)])
@@ -263,16 +271,18 @@ def test_fused_replay_matches_snapshots_for_padded_windows(gate, T, value_tile):
     N, gk = B * T, 1 if gate == "gdn" else K
     inter = torch.full((N, HV, K, V), NAN)
     gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx, T, gate, commit=False, inter_state=inter,
-                                 inter_indices=torch.arange(N), value_tile=value_tile)
+                                 inter_indices=torch.arange(N), plan=RecurrentOverrides(value_tile=value_tile))
     p_ref = pool.clone()
     for i, a in enumerate(acc.tolist()):
         p_ref[idx[i]] = inter[i * T + a - 1]
-    o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, commit=True, value_tile=value_tile)
+    o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, commit=True,
+                                         plan=RecurrentOverrides(value_tile=value_tile))
     p_def = pool.clone()
     rb1, rb2 = (torch.full((B + 2, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
-    gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1, value_tile=value_tile)
+    gated_delta_recurrent_triton(*w1[:5], A, dtb, p_def, idx, T, gate, replay_buffer=rb1,
+                                 plan=RecurrentOverrides(value_tile=value_tile))
     o_f = gated_delta_recurrent_triton(*w2, A, dtb, p_def, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc,
-                                       value_tile=value_tile)
+                                       plan=RecurrentOverrides(value_tile=value_tile))
     assert not o_f.isnan().any() and torch.equal(o_f, o_ref)
 
 
@@ -281,7 +291,7 @@ def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
     decode / verify rule's for that gate and window length: KDA decode 4 columns up to B = 11, 16 for
     B = 12-16, 4 again from 17,
     GDN decode 4 at any batch, KDA verify T=4 halved until 8 waves (B=4: 4, B=8: 8)."""
-    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
 
     tiles = []
 
@@ -307,35 +317,35 @@ def test_wrapper_passes_tokens_and_gate_kind_to_the_tile_rule(monkeypatch):
 
 
 def test_fast_gate_for_kda_all_modes_and_plain_verify_at_4_to_8_columns_on_cuda(monkeypatch):
-    """``recurrent.use_fast_gate`` (H200 sweeps, issue 4): the fix-up-free gate / beta MUFU operations
+    """``recurrent.rules.use_fast_gate`` (H200 sweeps, issue 4): the fix-up-free gate / beta MUFU operations
     (inline PTX) go, on CUDA only, to KDA's all-modes binary whatever the window (so snapshots, deferred
     commit, fused replay and ``replay_commit`` still share one binary) and to its plain verify windows at
     4- and 8-column tiles -- never to plain decode, 2- or 16-column plain windows, GDN, the unbounded KDA
     gate, ROCm, or the interpreter (which has no inline assembly). The wrapper passes the rule's answer as
     the kernel's ``FAST``."""
-    import sgl_hybrid_kernel.delta_rule.recurrent as rec
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.rules as rules
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.platform import Target
 
-    cuda = torch.device("cuda")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(torch.version, "hip", None)
-    fast = rec.use_fast_gate
+    cuda = Target("cuda", "sm90", 132)
+    fast = rules.use_fast_gate
     assert [fast(cuda, GATE_KDA_SAFE, 4, bv, True) for bv in (2, 4, 8, 16)] == [False, True, True, False]
     assert not fast(cuda, GATE_KDA_SAFE, 1, 4, True)  # decode
     # the all-modes binary: one answer for every window length and tile (one binary for every mode)
     assert all(fast(cuda, GATE_KDA_SAFE, t, bv, False) for t in (1, 2, 4, 8) for bv in (2, 4, 8, 16))
     assert not fast(cuda, GATE_GDN, 5, 4, True) and not fast(cuda, GATE_KDA, 4, 4, True)
     assert not fast(cuda, GATE_GDN, 5, 8, False) and not fast(cuda, GATE_KDA, 4, 8, False)
-    assert not fast(torch.device("cpu"), GATE_KDA_SAFE, 4, 4, True) and not fast(torch.device("cpu"), GATE_KDA_SAFE, 4, 4, False)
-    monkeypatch.setattr(torch.version, "hip", "6.4")
-    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True) and not fast(cuda, GATE_KDA_SAFE, 4, 4, False)
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not fast(cuda, GATE_KDA_SAFE, 4, 4, True) and not fast(cuda, GATE_KDA_SAFE, 4, 4, False)
+    cpu = Target("cpu", interpreter=True)
+    assert not fast(cpu, GATE_KDA_SAFE, 4, 4, True) and not fast(cpu, GATE_KDA_SAFE, 4, 4, False)
+    rocm = Target("rocm", "gfx950", 256)
+    assert not fast(rocm, GATE_KDA_SAFE, 4, 4, True) and not fast(rocm, GATE_KDA_SAFE, 4, 4, False)
+    interp = Target("cuda", "sm90", 132, interpreter=True)
+    assert not fast(interp, GATE_KDA_SAFE, 4, 4, True) and not fast(interp, GATE_KDA_SAFE, 4, 4, False)
 
     # the wrapper hands the rule its gate kind, window length, tile and binary
     seen = []
-    monkeypatch.setattr(rec, "use_fast_gate", lambda *a: seen.append(a[1:]) or True)
+    monkeypatch.setattr(rules, "use_fast_gate", lambda *a: seen.append(a[1:]) or True)
 
     class Spy:
         def __getitem__(self, grid):
@@ -354,7 +364,7 @@ def test_every_mode_of_a_window_launches_one_binary(monkeypatch):
     ``replay_commit`` running the same compiled kernel (same register layouts, so the same
     reduction order): the modes differ only in the runtime ``flags``, never in a constexpr or a
     pointer's dtype."""
-    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
 
     launches = []
 
@@ -391,8 +401,8 @@ def test_default_tiles_and_warps_follow_the_h200_sweep():
     fill 8 waves (4 at least, 2 with KDA's per-channel gate; on a K-major pool 2 waves and 8 at least), its
     all-modes binary 8 columns (16 K-major) halved under 8 waves; the register-tile kernel's verify
     tiles (explicit ``preload``) 4 columns with per-channel decay, 8 with per-head decay or K-major."""
-    from sgl_hybrid_kernel.delta_rule.recurrent import (pick_deferred_tile, pick_value_tile, pick_wide_tile, recurrent_num_warps,
-                                                        recurrent_preload)
+    from sgl_hybrid_kernel.delta_rule.recurrent.rules import (pick_deferred_tile, pick_value_tile, pick_wide_tile,
+                                                              recurrent_num_warps, recurrent_preload)
 
     # decode (T = 1), KDA (per-channel gate, 12 heads): 4 columns up to 32 x 132 programs (B = 11), 16 below
     # 48 x 132 (B = 12-16), 4 again from there (B >= 17)
@@ -466,8 +476,9 @@ def test_chunked_prefill_varlen_checkpoints_against_fp64(gate, lower_bound):
     idx, init = torch.tensor([4, 1, 3]), torch.tensor([1, 0, 1])
     ck = torch.full((3, HV, K, V), NAN)
     p = pool.clone()
-    o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, p, idx, init, gate, lower_bound, value_tile=8,
-                                 checkpoints=[(0, 32, 0), (2, 48, 1), (2, 70, 2)], checkpoint_pool=ck)
+    o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, cu, p, idx, init, gate, lower_bound,
+                                 checkpoints=[(0, 32, 0), (2, 48, 1), (2, 70, 2)], checkpoint_pool=ck,
+                                 plan=ChunkOverrides(value_tile=8))
     want = {0: [32], 1: [], 2: [48, 70]}
     got = {0: [ck[0]], 1: [], 2: [ck[1], ck[2]]}
     for i, s in enumerate(idx.tolist()):
@@ -493,7 +504,7 @@ def test_long_sequence_fp64_error_bound():
     q, k, v, f, b, A, dtb = _batch(gen, 1, T, H, H, K, V, "kda")
     pool = torch.zeros(1, H, K, V)
     o = gated_delta_chunk_triton(q, k, v, f, b, A, dtb, torch.tensor([0, T]), pool, torch.tensor([0]), gate="kda",
-                                 lower_bound=-5.0, value_tile=16)
+                                 lower_bound=-5.0, plan=ChunkOverrides(value_tile=16))
     ro, rS, _ = gated_delta_recurrent(l2_norm(q), l2_norm(k), v, kda_gate(f, A, dtb, -5.0), torch.sigmoid(b), acc_dtype=torch.float64)
     rel = lambda a, r: float((a.double() - r).norm() / r.norm())  # noqa: E731
     assert rel(o, ro) < 1e-5 and rel(pool[0], rS) < 1e-5
@@ -535,8 +546,8 @@ def test_chunk_window_verify_matches_fp64_and_fla(gate, lb, T, layout, commit):
     kv_pool[1] = NAN
     pool = kv_pool.clone() if layout == "kv" else kv_pool.transpose(-1, -2).contiguous()
     idx = torch.tensor([2, -1, 4])
-    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit, form="chunk",
-                                     state_layout=layout, value_tile=16)
+    o = gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, idx, T, gate, lb, commit=commit,
+                                     state_layout=layout, plan=RecurrentOverrides(form="chunk", value_tile=16))
     after = pool if layout == "kv" else pool.transpose(-1, -2)
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
     assert after[1].isnan().all()
@@ -571,11 +582,12 @@ def test_chunk_window_deferred_commit_and_fused_replay_match_fp64(gate, T):
     gk = 1 if gate == "gdn" else K
     rb1, rb2 = (torch.full((B + 2, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
     p = pool.clone()
-    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, replay_buffer=rb1, form="chunk", value_tile=16)
+    o1 = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, replay_buffer=rb1,
+                                      plan=RecurrentOverrides(form="chunk", value_tile=16))
     o2 = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, replay_buffer=rb2, replay_prev=rb1, accept_prev=acc1,
-                                      form="chunk", value_tile=16)
+                                      plan=RecurrentOverrides(form="chunk", value_tile=16))
     token0 = p.clone()
-    replay_commit(p, idx, acc2, rb2, K, gate, form="chunk", value_tile=16)
+    replay_commit(p, idx, acc2, rb2, K, gate, plan=RecurrentOverrides(form="chunk", value_tile=16))
     for i in range(B):
         sl = slice(i * T, (i + 1) * T)
         r1, s1 = _fp64_window(*(x[sl] for x in w1[:5]), A, dtb, gate, None, pool[idx[i]])
@@ -593,9 +605,12 @@ def test_chunk_window_refuses_what_it_does_not_serve():
     q, k, v, f, b, A, dtb = _batch(gen, 1, 9, 1, 1, 16, 16, "gdn")
     pool = torch.zeros(2, 1, 16, 16)
     with pytest.raises(ValueError, match="T <= 8"):
-        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0]), 9, "gdn", form="chunk")
+        gated_delta_recurrent_triton(q, k, v, f, b, A, dtb, pool, torch.tensor([0]), 9, "gdn",
+                                     plan=RecurrentOverrides(form="chunk"))
     with pytest.raises(ValueError, match="inter_state"):
-        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn", form="chunk",
-                                     inter_state=torch.zeros(4, 1, 16, 16), inter_indices=torch.arange(4))
+        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn",
+                                     inter_state=torch.zeros(4, 1, 16, 16), inter_indices=torch.arange(4),
+                                     plan=RecurrentOverrides(form="chunk"))
     with pytest.raises(ValueError, match="form"):
-        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn", form="wy")
+        gated_delta_recurrent_triton(q[:4], k[:4], v[:4], f[:4], b[:4], A, dtb, pool, torch.tensor([0]), 4, "gdn",
+                                     plan=RecurrentOverrides(form="wy"))

@@ -19,8 +19,9 @@ from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from fla.ops.kda.gate import naive_kda_lowerbound_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
-from sgl_hybrid_kernel.gdn import gdn_gate
+from sgl_hybrid_kernel.delta_rule.plan import RecurrentOverrides
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.delta_rule.naive import gdn_gate
 from sgl_hybrid_kernel.norm import l2_norm
 from test_delta_rule_triton import _batch as _window  # same inputs as the rest of the suite
 
@@ -57,8 +58,8 @@ def test_reduce_scatter_matches_fla_naive_and_the_butterflies(gate, T, BV, V, K)
     for xred in (2, 0):
         p = pool.clone()
         o = torch.full_like(w[2], NAN)
-        gated_delta_recurrent_triton(*w, p, idx, T, gate, lb, state_layout="vk", commit=True, wide=True, value_tile=BV,
-                                     xred=xred, out=o)
+        gated_delta_recurrent_triton(*w, p, idx, T, gate, lb, state_layout="vk", commit=True, out=o,
+                                     plan=RecurrentOverrides(wide=True, value_tile=BV, xred=xred))
         outs.append(o)
         pools.append(p)
     o, p = outs[0], pools[0]
@@ -94,13 +95,15 @@ def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
     for xred in (2, 0):
         inter = torch.full((N + 1, HV, V, K), NAN)
         o_s = gated_delta_recurrent_triton(*w1[:5], A, dtb, pool.clone(), idx, T, gate, lb, state_layout="vk", commit=False,
-                                           inter_state=inter, inter_indices=torch.arange(N), value_tile=BV, xred=xred)
+                                           inter_state=inter, inter_indices=torch.arange(N),
+                                           plan=RecurrentOverrides(value_tile=BV, xred=xred))
         p = pool.clone()
         rb1, rb2 = (torch.full((B + 1, T - 1, HV, K + gk + 1 + V), NAN) for _ in range(2))
         o_d = gated_delta_recurrent_triton(*w1[:5], A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb1,
-                                           value_tile=BV, xred=xred)
+                                           plan=RecurrentOverrides(value_tile=BV, xred=xred))
         o_f = gated_delta_recurrent_triton(*w2, A, dtb, p, idx, T, gate, lb, state_layout="vk", replay_buffer=rb2,
-                                           replay_prev=rb1, accept_prev=acc, value_tile=BV, xred=xred)
+                                           replay_prev=rb1, accept_prev=acc,
+                                           plan=RecurrentOverrides(value_tile=BV, xred=xred))
         res[xred] = (o_s, inter, o_d, rb1, o_f)
         assert inter[N].isnan().all() and not inter[:N].isnan().any()
         assert rb1[1].isnan().all() and not rb1[idx].isnan().any()  # slot 1 is nobody's
@@ -109,28 +112,24 @@ def test_reduce_scatter_in_snapshot_and_deferred_windows(gate, BV):
         for i, a in enumerate(acc.tolist()):
             p_ref[idx[i]] = inter[i * T + a - 1]
         o_ref = gated_delta_recurrent_triton(*w2, A, dtb, p_ref, idx, T, gate, lb, state_layout="vk", commit=False,
-                                             value_tile=BV, xred=xred)
+                                             plan=RecurrentOverrides(value_tile=BV, xred=xred))
         torch.testing.assert_close(o_f, o_ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(res[2], res[0]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
 def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch):
-    """``recurrent.use_xred``: on CUDA (sm_90, the arch the compile gate checks) for one-warp tiles under 16
+    """``recurrent.rules.use_xred``: on CUDA (sm_90, the arch the compile gate checks) for one-warp tiles under 16
     columns of a V-major pool with key stride 1 and ``K`` a multiple of 32 (decode, plain and all-modes windows
     alike), never on ROCm, another CUDA arch, the interpreter, a K-major pool or 16 columns. Where it applies, KDA's plain verify windows stop halving at 4 columns
     (H200: 4 columns faster than 2 with it) and GDN's plain windows at B=1 leave the lanes kernel for it.
     An explicit ``xred`` outside the kernel's contract is a ``ValueError`` naming it."""
-    import sgl_hybrid_kernel.delta_rule.recurrent as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.rules as rules
+    from sgl_hybrid_kernel.platform import Target
 
-    from types import SimpleNamespace
-
-    cuda = torch.device("cuda")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(torch.version, "hip", None)
-    arch = ["sm90"]
-    monkeypatch.setattr(rec, "device_platform", lambda device: SimpleNamespace(arch=arch[0], device="cpu"))
-    use = rec.use_xred
+    cuda = Target("cuda", "sm90", 132)
+    use = rules.use_xred
     assert [use(cuda, "vk", 1, 128, bv) for bv in (1, 2, 4, 8, 16)] == [0, 1, 1, 1, 0]
     # a plain GDN window whose scalars are prepared first (use_tokprep) takes it at 16 columns too
     assert [use(cuda, "vk", 1, 128, bv, prepped=True) for bv in (1, 4, 16, 32)] == [0, 1, 1, 0]
@@ -139,25 +138,21 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     assert [use(cuda, "vk", 1, kk, 4) for kk in (32, 64, 160, 256)] == [0, 0, 0, 0]
     assert use(cuda, "kv", 1, 128, 4) == 0 and use(cuda, "vk", 128, 128, 4) == 0 and use(cuda, "vk", 1, 128, 4, 2) == 0
     assert use(cuda, "vk", 1, 128, 4, aligned=False) == 0  # an unaligned pool loses the 4-key vectors
-    assert use(torch.device("cpu"), "vk", 1, 128, 4) == 0
-    arch[0] = "sm100"  # a CUDA arch whose shuffle layouts the compile gate does not check
-    assert use(cuda, "vk", 1, 128, 4) == 0
-    arch[0] = "sm90"
-    monkeypatch.setattr(torch.version, "hip", "6.4")
-    assert use(cuda, "vk", 1, 128, 4) == 0
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert use(cuda, "vk", 1, 128, 4) == 0
+    assert use(Target("cpu"), "vk", 1, 128, 4) == 0
+    # a CUDA arch whose shuffle layouts the compile gate does not check
+    assert use(Target("cuda", "sm100", 132), "vk", 1, 128, 4) == 0
+    assert use(Target("rocm", "gfx950", 256), "vk", 1, 128, 4) == 0
+    assert use(Target("cuda", "sm90", 132, interpreter=True), "vk", 1, 128, 4) == 0
     pool = torch.zeros(3, 2, 16, 128)
-    assert rec.xred_aligned(pool, None)
-    assert not rec.xred_aligned(pool, torch.zeros(3 * 4100).as_strided((3, 2, 16, 128), (4100, 2048, 128, 1)))  # slot stride
-    assert not rec.xred_aligned(torch.zeros(pool.numel() + 1)[1:].view(pool.shape))  # base 4 bytes past an aligned one
-    assert rec.xred_aligned(torch.zeros(3, 2, 16, 100)) and not rec.xred_aligned(torch.zeros(3, 2, 16, 102))  # row stride
+    assert rules.xred_aligned(pool, None)
+    assert not rules.xred_aligned(pool, torch.zeros(3 * 4100).as_strided((3, 2, 16, 128), (4100, 2048, 128, 1)))  # slot stride
+    assert not rules.xred_aligned(torch.zeros(pool.numel() + 1)[1:].view(pool.shape))  # base 4 bytes past an aligned one
+    assert rules.xred_aligned(torch.zeros(3, 2, 16, 100)) and not rules.xred_aligned(torch.zeros(3, 2, 16, 102))  # row stride
 
-    assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True) for b in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
-    assert [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4)] == [2, 2, 4]
-    assert [rec.pick_lanes_tile(b, 48, 128, 128, 5, False, xred=True) for b in (1, 2, 3)] == [None, (8, 8), (16, 8)]
-    assert [rec.pick_lanes_tile(b, 48, 128, 128, 5, False) for b in (1, 2)] == [(8, 8), (8, 8)]
+    assert [rules.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True) for b in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
+    assert [rules.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True) for b in (1, 2, 4)] == [2, 2, 4]
+    assert [rules.pick_lanes_tile(b, 48, 128, 128, 5, False, xred=True) for b in (1, 2, 3)] == [None, (8, 8), (16, 8)]
+    assert [rules.pick_lanes_tile(b, 48, 128, 128, 5, False) for b in (1, 2)] == [(8, 8), (8, 8)]
 
     # the wrapper: the rule's answer reaches the kernel as XRED, and moves KDA B=1's tile to 4 columns
     seen = []
@@ -167,7 +162,7 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
             return lambda *args, **kw: seen.append((kw["BV"], kw["XRED"]))
 
     monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
-    monkeypatch.setattr(rec, "use_xred", lambda device, layout, key_stride, K, bv, *a: int(layout == "vk" and bv < 16))
+    monkeypatch.setattr(rules, "use_xred", lambda target, layout, key_stride, K, bv, *a: int(layout == "vk" and bv < 16))
     gen = torch.Generator().manual_seed(4)
     w = _window(gen, 1, 4, 12, 12, 128, 128, "kda")
     gated_delta_recurrent_triton(*w, torch.zeros(2, 12, 128, 128), torch.tensor([1]), 4, "kda", LB, state_layout="vk",
@@ -181,18 +176,19 @@ def test_xred_rule_is_cuda_only_below_16_columns_and_moves_the_tiles(monkeypatch
     assert seen == [(4, 1), (4, 1), (8, 1)]
     # an explicit xred outside the kernel's contract: a ValueError naming it
     pool = torch.zeros(2, 48, 128, 128)
-    bad = [dict(state_layout="kv", wide=True, value_tile=4, xred=1),  # K-major pool
-           dict(state_layout="vk", wide=True, value_tile=4, xred=3),  # no such mode
-           dict(state_layout="vk", wide=False, value_tile=4, xred=1),  # the register-tile kernel
-           dict(state_layout="vk", key_lanes=8, xred=1),  # the lanes kernel
-           dict(state_layout="vk", wide=True, value_tile=4, num_warps=2, xred=1)]
+    bad = [dict(state_layout="kv", plan=RecurrentOverrides(wide=True, value_tile=4, xred=1)),  # K-major pool
+           dict(state_layout="vk", plan=RecurrentOverrides(wide=True, value_tile=4, xred=3)),  # no such mode
+           dict(state_layout="vk",
+           plan=RecurrentOverrides(wide=False, value_tile=4, xred=1)),  # the register-tile kernel
+           dict(state_layout="vk", plan=RecurrentOverrides(key_lanes=8, xred=1)),  # the lanes kernel
+           dict(state_layout="vk", plan=RecurrentOverrides(wide=True, value_tile=4, num_warps=2, xred=1))]
     for kw in bad:
         with pytest.raises(ValueError, match="xred"):
             gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", commit=False, **kw)
     unaligned = torch.zeros(2 * 48 * 128 * 128 + 1)[1:].view(2, 48, 128, 128)  # base 4 bytes past an aligned one
     with pytest.raises(ValueError, match="aligned=False"):
-        gated_delta_recurrent_triton(*w, unaligned, torch.tensor([0]), 5, "gdn", commit=False, state_layout="vk", wide=True,
-                                     value_tile=4, xred=1)
+        gated_delta_recurrent_triton(*w, unaligned, torch.tensor([0]), 5, "gdn", commit=False, state_layout="vk",
+                                     plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
 
 
 def test_shuffle_layout_check_accepts_lanes_on_dim_0_only():
@@ -273,8 +269,8 @@ def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(gate, T, B
     for tp in (True, False):
         p = pool.clone()
         o = torch.full_like(w[2], NAN)
-        gated_delta_recurrent_triton(*w, p, idx, T, "gdn" if gate == "gdn" else "kda", lb, state_layout="vk", commit=True,
-                                     wide=True, value_tile=BV, xred=2, l2norm=l2norm, tokprep=tp, out=o)
+        gated_delta_recurrent_triton(*w, p, idx, T, "gdn" if gate == "gdn" else "kda", lb, state_layout="vk", commit=True, l2norm=l2norm, out=o,
+                                     plan=RecurrentOverrides(wide=True, value_tile=BV, xred=2, tokprep=tp))
         res[tp] = (o, p)
     o, p = res[True]
     assert (o[T:2 * T] == 0).all() and not o.isnan().any()
@@ -294,17 +290,18 @@ def test_window_scalars_first_match_fla_naive_and_the_per_token_chain(gate, T, B
 
 
 def test_window_scalars_first_rule_and_contract(monkeypatch):
-    """``recurrent.use_tokprep``: plain windows that take the reduce-scatter, of 2 to 6 tokens (GDN) or 2 to 4 (KDA),
+    """``recurrent.rules.use_tokprep``: plain windows that take the reduce-scatter, of 2 to 6 tokens (GDN) or 2 to 4 (KDA),
     not decode, longer windows, snapshot / deferred windows or butterflies; ``SGL_HYBRID_TOKPREP=0`` turns it off,
     ``SGL_HYBRID_TOKPREP_KDA=0`` for KDA only, and the wrapper passes the answer as ``TOKPREP``. Prepared windows
     take their own tile rules (:func:`pick_wide_tile`, never the lanes kernel). An explicit ``tokprep=True`` outside
     that contract is a ``ValueError`` naming it."""
-    import sgl_hybrid_kernel.delta_rule.recurrent as rec
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as rec
+    import sgl_hybrid_kernel.delta_rule.recurrent.rules as rules
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     monkeypatch.delenv("SGL_HYBRID_TOKPREP", raising=False)
     monkeypatch.delenv("SGL_HYBRID_TOKPREP_KDA", raising=False)
-    use = rec.use_tokprep
+    use = rules.use_tokprep
     # by itself up to 6 tokens (GDN) / 4 (KDA), where the H200 measured it faster; the kernel takes 2-10 when asked
     assert [use(GATE_GDN, t, True, 1) for t in (1, 2, 5, 6, 7, 10, 11)] == [False, True, True, True, False, False, False]
     assert [use(GATE_KDA_SAFE, t, True, 1) for t in (1, 2, 4, 5, 11)] == [False, True, True, False, False]
@@ -326,38 +323,38 @@ def test_window_scalars_first_rule_and_contract(monkeypatch):
     # the tiles of prepared windows (the H200's table). GDN, 48 value heads: 4 columns at B=1, 8 at B=2, 16 at B=4 (the
     # one batch whose 16-column grid is 9-12 programs per SM) and from B=44 (>= 128 per SM), 8 otherwise. KDA, 12 heads:
     # 4 columns to B=4, then 8 (never 16). Neither takes the lanes kernel.
-    tiles = [rec.pick_wide_tile(b, 48, 128, tokens=5, xred=True, prepped=True) for b in (1, 2, 3, 4, 5, 8, 21, 43, 44, 128)]
+    tiles = [rules.pick_wide_tile(b, 48, 128, tokens=5, xred=True, prepped=True) for b in (1, 2, 3, 4, 5, 8, 21, 43, 44, 128)]
     assert tiles == [4, 8, 8, 16, 8, 8, 8, 8, 16, 16], tiles
-    tiles = [rec.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True, prepped=True)
+    tiles = [rules.pick_wide_tile(b, 12, 128, tokens=4, per_channel_decay=True, xred=True, prepped=True)
              for b in (1, 4, 5, 16, 160)]
     assert tiles == [4, 4, 8, 8, 8], tiles
     for kda in (False, True):
-        assert [rec.pick_lanes_tile(b, 12 if kda else 48, 128, 128, 5, kda, xred=True, prepped=True)
+        assert [rules.pick_lanes_tile(b, 12 if kda else 48, 128, 128, 5, kda, xred=True, prepped=True)
                 for b in (2, 22, 160)] == [None] * 3
-    assert rec.pick_lanes_tile(2, 48, 128, 128, 5, False, xred=True) == (8, 8)  # without TOKPREP, as before
-    assert rec.pick_lanes_tile(16, 12, 128, 128, 4, True, xred=True) == (16, 8)
+    assert rules.pick_lanes_tile(2, 48, 128, 128, 5, False, xred=True) == (8, 8)  # without TOKPREP, as before
+    assert rules.pick_lanes_tile(16, 12, 128, 128, 4, True, xred=True) == (16, 8)
 
     monkeypatch.setattr(rec, "gated_delta_verify_wide_kernel", Spy())
     gen = torch.Generator().manual_seed(5)
     w = _window(gen, 1, 5, 1, 2, 128, 16, "gdn")
     pool = torch.zeros(2, 2, 16, 128)
     for xr in (1, 0):
-        gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, wide=True,
-                                     value_tile=4, xred=xr)
+        gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False,
+                                     plan=RecurrentOverrides(wide=True, value_tile=4, xred=xr))
     inter = torch.zeros(6, 2, 16, 128)
-    gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, wide=True,
-                                 value_tile=4, xred=1, inter_state=inter, inter_indices=torch.arange(5))
+    gated_delta_recurrent_triton(*w, pool, torch.tensor([0]), 5, "gdn", state_layout="vk", commit=False, inter_state=inter, inter_indices=torch.arange(5),
+                                 plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
     wk = _window(gen, 1, 4, 1, 1, 128, 16, "kda")
     gated_delta_recurrent_triton(*wk, torch.zeros(2, 1, 16, 128), torch.tensor([0]), 4, "kda", LB, state_layout="vk",
-                                 commit=False, wide=True, value_tile=4, xred=1)
+                                 commit=False, plan=RecurrentOverrides(wide=True, value_tile=4, xred=1))
     assert seen == [(1, True), (0, False), (1, False), (1, True)]
-    bad = [(w, 5, "gdn", dict(xred=0)), (w, 5, "gdn", dict(xred=1, inter_state=inter, inter_indices=torch.arange(5))),
-           (wk, 4, "kda", dict(xred=0)), (_window(gen, 1, 11, 1, 1, 128, 16, "kda"), 11, "kda", dict(xred=1))]
-    for ww, T, gate, kw in bad:
+    bad = [(w, 5, "gdn", 0, {}), (w, 5, "gdn", 1, dict(inter_state=inter, inter_indices=torch.arange(5))),
+           (wk, 4, "kda", 0, {}), (_window(gen, 1, 11, 1, 1, 128, 16, "kda"), 11, "kda", 1, {})]
+    for ww, T, gate, xr, kw in bad:
         with pytest.raises(ValueError, match="tokprep"):
             gated_delta_recurrent_triton(*ww, torch.zeros(2, ww[2].shape[1], 16, 128), torch.tensor([0]), T, gate,
-                                         LB if gate == "kda" else None, state_layout="vk", commit=False, wide=True,
-                                         value_tile=4, tokprep=True, **kw)
+                                         LB if gate == "kda" else None, state_layout="vk", commit=False, **kw,
+                                         plan=RecurrentOverrides(wide=True, value_tile=4, tokprep=True, xred=xr))
 
 
 def test_window_scalars_first_compile_once_per_window():

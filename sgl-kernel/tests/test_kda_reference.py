@@ -5,7 +5,7 @@ import torch
 from fla.ops.kda.gate import naive_kda_gate, naive_kda_lowerbound_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 
-from sgl_hybrid_kernel.kda import kda_chunk, kda_gate, kda_recurrent
+from sgl_hybrid_kernel.delta_rule.naive import kda_chunk, kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm import l2_norm
 
 

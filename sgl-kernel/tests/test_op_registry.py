@@ -5,9 +5,10 @@ import pytest
 import torch
 
 import sgl_hybrid_kernel.delta_rule.dispatch as delta_dispatch
-import sgl_hybrid_kernel.delta_rule.recurrent as recurrent
+import sgl_hybrid_kernel.delta_rule.recurrent.wrapper as recurrent
 from sgl_hybrid_kernel import dispatch
-from sgl_hybrid_kernel.delta_rule.recurrent import INTERPRETER_TUNING, pick_value_tile, value_tile_tuning
+from sgl_hybrid_kernel.delta_rule.recurrent.rules import INTERPRETER_TUNING, pick_value_tile, value_tile_tuning
+from sgl_hybrid_kernel.platform import Target
 
 CPU = torch.device("cpu")
 
@@ -66,7 +67,7 @@ def test_value_tile_tables_are_keyed_by_arch_and_compute_units():
 
 def test_untuned_device_is_named_in_the_recorded_choice(monkeypatch):
     monkeypatch.setattr(delta_dispatch, "device_kind", lambda t: "rocm")
-    monkeypatch.setattr(delta_dispatch, "device_value_tile_tuning", lambda d: value_tile_tuning("gfx950", 256))
+    monkeypatch.setattr(Target, "of", staticmethod(lambda device: Target("rocm", "gfx950", 256)))
     q, s = torch.zeros(1, 12, 128), torch.zeros(1, 12, 128, 128)
     assert delta_dispatch.choose_recurrent(q, q, s) == "triton"
     assert delta_dispatch.choose_chunk(q, q, s) == "triton"  # chunk-64 form, compile-gated on CDNA (issue 9)

@@ -1,7 +1,7 @@
-"""Where the boot gates hook into upstream's start-up (anchors checked in ``anchors.py``).
+"""Where the boot gates hook into upstream's start-up (declared and anchor-checked in ``patches.py``).
 
 * AFTER ``ServerArgs.add_cli_args``: add ``--skip-boot-gates`` to upstream's parser.
-  ``ServerArgs`` is a closed record, so the flag is not a field: AROUND
+  ``ServerArgs`` is a closed record, so the flag is not a field: BEFORE
   ``ServerArgs.from_cli_args`` turns it into ``SGLANG_HYBRID_SKIP_BOOT_GATES=1`` in the
   launcher's environment, which every scheduler process inherits.
 * BEFORE ``ModelRunner.load_model``: in each scheduler process, after the device is
@@ -23,10 +23,6 @@ from sglang_hybrid.boot.gates import SKIP_ENV, SKIP_FLAG, run_boot
 logger = logging.getLogger("sglang_hybrid.boot")
 
 _BOOTED = False
-
-ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
-FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
-LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 
 
 def _add_skip_flag(result, parser, *args, **kwargs):
@@ -90,10 +86,7 @@ def _before_load_model(*args, **kwargs):
 
 
 def install() -> None:
-    """Register the hooks (called by ``plugin.register``)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    """Register the hooks declared for this module in ``patches.py`` (called by ``plugin.register``)."""
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register(ADD_CLI_ARGS, _add_skip_flag, HookType.AFTER)
-    HookRegistry.register(FROM_CLI_ARGS, _export_skip_flag, HookType.BEFORE)
-    HookRegistry.register(FROM_CLI_ARGS, _export_conv_dtype, HookType.BEFORE)
-    HookRegistry.register(LOAD_MODEL, _before_load_model, HookType.BEFORE)
+    register_patches(__name__)

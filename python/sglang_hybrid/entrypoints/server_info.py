@@ -1,7 +1,7 @@
 """The plugin's part of ``/get_server_info``: version, kernel paths and kernel call counts.
 
-AFTER upstream's ``SchedulerInternalStateController.get_internal_state`` (anchored in
-``anchors.py``), each scheduler's entry of ``/get_server_info``'s ``internal_states``
+AFTER upstream's ``SchedulerInternalStateController.get_internal_state`` (declared and
+anchored in ``patches.py``), each scheduler's entry of ``/get_server_info``'s ``internal_states``
 gains a ``"sglang_hybrid"`` object:
 
 * ``version``: the installed ``sglang-hybrid`` version;
@@ -20,8 +20,6 @@ import importlib.metadata
 
 from sgl_hybrid_kernel.dispatch import call_counts, chosen_paths
 from sglang_hybrid.flags import flag_values
-
-TARGET = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state"
 
 
 def plugin_state() -> dict:
@@ -46,6 +44,7 @@ def _after_get_internal_state(result, *args, **kwargs):
 
 
 def install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    """Register the AFTER hook on ``get_internal_state`` declared in ``patches.py``."""
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register(TARGET, _after_get_internal_state, HookType.AFTER)
+    register_patches(__name__)

@@ -39,9 +39,7 @@ and the server keeps serving.
 
 from __future__ import annotations
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+from sglang_hybrid.patches import register_patches
 
 
 def check_input_ids_in_vocab(self, obj, input_ids, *args, **kwargs):
@@ -158,4 +156,5 @@ def _check_parallel_sampling(obj, server_args) -> None:
 
 
 def install() -> None:
-    HookRegistry.register(TARGET, check_input_ids_in_vocab, HookType.BEFORE)
+    """Register the BEFORE hook on ``_validate_one_request`` declared in ``patches.py``."""
+    register_patches(__name__)

@@ -173,9 +173,6 @@ async def hybrid_warmup(disaggregation_mode: str, tokenizer_manager) -> None:
     )
 
 
-FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
-
-
 def _add_warmup(cls, args, *rest, **kwargs):
     """BEFORE ``ServerArgs.from_cli_args``: :func:`add_to_args`."""
     if add_to_args(args):
@@ -188,7 +185,8 @@ def install() -> None:
     """Register :func:`hybrid_warmup` as upstream's custom warm-up :data:`NAME` and the hook that
     selects it for our kernel backends."""
     from sglang.srt.entrypoints.warmup import warmup
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_hybrid.patches import register_patches
 
     warmup(NAME)(hybrid_warmup)
-    HookRegistry.register(FROM_CLI_ARGS, _add_warmup, HookType.BEFORE)
+    register_patches(__name__)

@@ -35,12 +35,9 @@ from sgl_hybrid_kernel.attn_res.fused import attn_res_rmsnorm_triton
 from sgl_hybrid_kernel.attn_res.fused_reference import attn_res_rmsnorm_reference
 from sgl_hybrid_kernel.delta_rule.dispatch import device_kind
 from sgl_hybrid_kernel.dispatch import record_choice
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 logger = logging.getLogger(__name__)
-
-AGGREGATE = "sglang.srt.layers.attn_residual._aggregate"
-AGGREGATE_FUSED_ADD = "sglang.srt.layers.attn_residual._aggregate_fused_add"
 
 
 def _eps(norm) -> Optional[float]:
@@ -138,5 +135,4 @@ def _around_aggregate_fused_add(original, prefix_a, prefix_b, bank, nvb, score_p
 
 def install() -> None:
     """AROUND hooks on upstream's ``attn_residual._aggregate`` / ``_aggregate_fused_add`` (GPU/ROCm only)."""
-    HookRegistry.register(AGGREGATE, _around_aggregate, HookType.AROUND)
-    HookRegistry.register(AGGREGATE_FUSED_ADD, _around_aggregate_fused_add, HookType.AROUND)
+    register_patches(__name__)

@@ -50,12 +50,6 @@ STORE_CONFIG_FLAG, STORE_CONFIG_ENV = "--hybrid-store-config", "SGLANG_HYBRID_ST
 # checkpoints"); upstream's --mamba-max-states-per-path, when given, takes precedence.
 MAX_CHECKPOINTS_PER_PATH = 8
 
-ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
-FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
-DEFAULT_FACTORY = "sglang.srt.mem_cache.registry.default_radix_cache_factory"
-SELECT_ADMISSION = "sglang.srt.managers.schedule_policy.PrefillAdder._select_prefill_admission"
-PREPARE_FOR_EXTEND = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend"
-
 
 def _gb_env(env: str, flag: str):
     raw = os.environ.get(env)
@@ -441,14 +435,11 @@ def _report_host_hits(result, batch, *args, **kwargs):
 def install() -> None:
     """Register the backend, the default-selection hook and the flag (called by ``plugin.register``)."""
     from sglang.srt.mem_cache.registry import register_radix_cache_backend, registered_radix_cache_backends
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_hybrid.patches import register_patches
 
     if BACKEND_NAME not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND_NAME, hybrid_cache_factory)
     if UPSTREAM_BACKEND_NAME not in registered_radix_cache_backends():
         register_radix_cache_backend(UPSTREAM_BACKEND_NAME, upstream_cache_factory)
-    HookRegistry.register(DEFAULT_FACTORY, _default_factory, HookType.AROUND)
-    HookRegistry.register(SELECT_ADMISSION, _split_at_branch_point, HookType.AROUND)
-    HookRegistry.register(PREPARE_FOR_EXTEND, _report_host_hits, HookType.AFTER)
-    HookRegistry.register(ADD_CLI_ARGS, _add_flag, HookType.AFTER)
-    HookRegistry.register(FROM_CLI_ARGS, _export_flag, HookType.BEFORE)
+    register_patches(__name__)  # the five hooks declared in patches.py

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import logging
 
+from sglang_hybrid.patches import find_patch
+
 logger = logging.getLogger(__name__)
 
-INIT_GROUP = "sglang.srt.distributed.parallel_state.init_model_parallel_group"
-INIT_PARALLEL = "sglang.srt.distributed.parallel_state.initialize_model_parallel"
-_DCP_GUARD = "is_hip() or is_cuda() or _is_npu or _is_xpu"
+_DCP_PATCH = find_patch(f"{__name__}:_initialize_with_cpu_dcp")  # AROUND initialize_model_parallel
+_DCP_GUARD = _DCP_PATCH.snippet  # the guard text, anchored in the declaration (patches.py)
 
 # CUDA-only communicators that a CPU group must not build.
 _CUDA_ONLY = ("use_pynccl", "use_custom_allreduce", "use_mscclpp", "use_torch_symm_mem_allreduce")
@@ -76,7 +77,7 @@ def _check_dcp_guard() -> None:
     source = inspect.getsource(ps)
     if _DCP_GUARD not in inspect.getsource(ps.initialize_model_parallel) or source.count("is_cuda()") != 1:
         raise AnchorError(
-            f"{INIT_PARALLEL}: expected the DCP platform guard {_DCP_GUARD!r} to be the module's only "
+            f"{_DCP_PATCH.target}: expected the DCP platform guard {_DCP_GUARD!r} to be the module's only "
             "is_cuda() call — needed for --dcp-size > 1 on CPU (sglang_hybrid.parallel.cpu_tp)"
         )
 
@@ -88,9 +89,8 @@ def install() -> None:
     Raises:
         AnchorError: the DCP platform guard changed (see the module docstring).
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_hybrid.patches import register_patches
 
     _check_dcp_guard()
-    HookRegistry.register(INIT_GROUP, _init_group_without_cuda_communicators, HookType.AROUND)
-    HookRegistry.register(INIT_PARALLEL, _initialize_with_cpu_dcp, HookType.AROUND)
+    register_patches(__name__)
     logger.debug("sglang-hybrid: CPU model-parallel groups built without CUDA communicators")

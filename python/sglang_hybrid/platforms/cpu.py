@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +37,7 @@ def allow_extra_buffer() -> None:
     Upstream gates it on a GPU platform because its state snapshots are Triton
     scatters; our CPU KDA backend writes them in torch.
     """
-    HookRegistry.register(
-        "sglang.srt.arg_groups.mamba_hook._platform_supports_mamba_cache_extra_buffer",
-        _extra_buffer_supported,
-        HookType.REPLACE,
-    )
+    register_patches(__name__, only=("_extra_buffer_supported",))
 
 
 def _pin_memory_without_gpu(original_fn, self, *args, **kwargs):
@@ -54,4 +50,4 @@ def _pin_memory_without_gpu(original_fn, self, *args, **kwargs):
 
 def pin_memory_noop_without_gpu() -> None:
     """``ScheduleBatch.prepare_for_decode`` pins a tensor unconditionally (anchor checked)."""
-    HookRegistry.register("torch.Tensor.pin_memory", _pin_memory_without_gpu, HookType.AROUND)
+    register_patches(__name__, only=("_pin_memory_without_gpu",))

@@ -40,12 +40,9 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 logger = logging.getLogger(__name__)
-
-SCATTER_TARGET = "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify"
-
 
 def scatter_states_after_verify_torch(
     mamba_caches, state_indices_tensor, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track,
@@ -80,9 +77,6 @@ def _scatter_around(original_fn, mamba_caches, *args, **kwargs):
     return scatter_states_after_verify_torch(mamba_caches, *args, **kwargs)
 
 
-QSA_CHAIN_TARGET = "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend._require_chain_speculation"
-
-
 def require_chain_speculation_cpu(self, forward_mode, spec_info) -> None:
     """Verify must be a chain (``--speculative-eagle-topk 1``); any width (module docstring).
 
@@ -95,7 +89,6 @@ def require_chain_speculation_cpu(self, forward_mode, spec_info) -> None:
         raise NotImplementedError("Qwen3.8 verify on CPU supports only --speculative-eagle-topk 1 (a draft chain)")
 
 
-SPEC_RESOLUTION_STEP = "handle_speculative_decoding"
 KIMI_K3_ARCHITECTURE = "KimiK3LinearForCausalLM"
 #: Algorithms that draft from the target's own MTP layers when no draft checkpoint is given.
 _MTP_ALGORITHMS = frozenset({"NEXTN", "EAGLE", "EAGLE3"})
@@ -146,16 +139,8 @@ def refuse_unsupported_cpu_speculation(server_args, previous: Callable) -> None:
     previous(server_args)
 
 
-_RESOLUTION_HOOK_REGISTERED = False
-
-
 def install() -> None:
-    """Register the CPU speculative hooks (call on the CPU platform only)."""
-    global _RESOLUTION_HOOK_REGISTERED
-    HookRegistry.register(SCATTER_TARGET, _scatter_around, HookType.AROUND)
-    HookRegistry.register(QSA_CHAIN_TARGET, require_chain_speculation_cpu, HookType.REPLACE)
-    if not _RESOLUTION_HOOK_REGISTERED:  # upstream's registry appends: a second wrapper would run twice
-        from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
-
-        register_resolution_hook(SPEC_RESOLUTION_STEP)(refuse_unsupported_cpu_speculation)
-        _RESOLUTION_HOOK_REGISTERED = True
+    """Register the CPU speculative hooks declared in ``patches.py`` (call on the CPU platform only): AROUND
+    the post-verify scatter, REPLACE ``_require_chain_speculation`` and the resolution hook around
+    ``handle_speculative_decoding`` (registered once per process: upstream's registry appends)."""
+    register_patches(__name__)

@@ -40,7 +40,6 @@ from typing import Any, Dict, List
 logger = logging.getLogger("sglang_hybrid.reliability")
 
 AUDIT_ENV = "SGLANG_HYBRID_IDLE_AUDIT"
-ON_IDLE = "sglang.srt.managers.scheduler.Scheduler.on_idle"
 _LINE = re.compile(
     r"sglang-hybrid idle audit #(\d+) (ok|VIOLATION): "
     r"kv total=(-?\d+) free=(-?\d+) evictable=(-?\d+) locked=(-?\d+) session=(-?\d+) \| "
@@ -136,6 +135,6 @@ def install() -> None:
     """Register the AFTER hook on ``Scheduler.on_idle`` when :data:`AUDIT_ENV` is on (else nothing)."""
     if not enabled():
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register(ON_IDLE, _after_on_idle, HookType.AFTER)
+    register_patches(__name__)

@@ -6,7 +6,7 @@ which kills the scheduler and with it every request) or replaces them with
 This guard does neither:
 
 ======================================  =============================================
-hook (anchored in ``anchors.py``)       what it does
+hook (declared in ``patches.py``)       what it does
 ======================================  =============================================
 ``ModelRunner.sample`` BEFORE           rows of ``next_token_logits [B, V]`` with any
                                         NaN/±inf: remember the request id (from
@@ -44,8 +44,6 @@ import torch
 
 logger = logging.getLogger("sglang_hybrid.reliability")
 
-SAMPLE = "sglang.srt.model_executor.model_runner.ModelRunner.sample"
-PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 TRACE_ENV = "SGLANG_HYBRID_NAN_TRACE_LAYERS"
 _LAYER_CHILD = re.compile(r"(^|\.)layers\.\d+\.[A-Za-z_]+$")
 
@@ -146,10 +144,7 @@ def _attach_tracer(_result, runner, *args, **kwargs):
 
 
 def install() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    """Register the hooks declared for this module in ``patches.py`` (called by ``plugin.register``)."""
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register(SAMPLE, _before_sample, HookType.BEFORE)
-    HookRegistry.register(PROCESS_RESULT, _before_process_batch_result, HookType.BEFORE)
-    HookRegistry.register(
-        "sglang.srt.model_executor.model_runner.ModelRunner.load_model", _attach_tracer, HookType.AFTER
-    )
+    register_patches(__name__)

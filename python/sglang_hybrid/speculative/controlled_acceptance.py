@@ -37,7 +37,6 @@ logger = logging.getLogger("sglang_hybrid.speculative")
 FLAG = "--speculative-synthetic-acceptance"
 #: Carries the rates from the CLI to the scheduler process (comma-separated floats).
 ENV = "SGLANG_HYBRID_SPEC_SYNTHETIC_ACCEPTANCE"
-TARGET = "sglang.srt.speculative.eagle_utils.verify_tree_greedy_func"
 
 
 def parse_rates(text: str) -> SyntheticAcceptance:

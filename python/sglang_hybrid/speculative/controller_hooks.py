@@ -44,7 +44,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 from . import controlled_acceptance
 from .controller import DepthController
@@ -61,9 +61,6 @@ LOG_INTERVAL_ENV = "SGLANG_HYBRID_SPEC_DEPTH_LOG_INTERVAL_S"
 SERVER_ARGS_ATTR = "_sglang_hybrid_depth_controller"
 #: Target architectures that default to ``cycle-cost``: Kimi K3 and Qwen3.8-Flash-Next (upstream ``qwen4_exp``).
 OUR_ARCHITECTURES = frozenset({"KimiK3LinearForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"})
-
-SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
-WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 
 
 def _check_choice(value: str, name: str) -> str:
@@ -337,9 +334,5 @@ def around_forward_batch_generation(original, worker, batch, *args, **kwargs):
 
 def install() -> None:
     """Register the hooks above (applied by upstream's ``load_plugins``)."""
-    HookRegistry.register(f"{SERVER_ARGS}.add_cli_args", add_cli_flag, HookType.AFTER)
-    HookRegistry.register(f"{SERVER_ARGS}.from_cli_args", keep_cli_choice, HookType.AFTER)
-    HookRegistry.register(f"{WORKER}.__init__", install_policy, HookType.AFTER)
-    HookRegistry.register(f"{WORKER}.forward_batch_generation", around_forward_batch_generation, HookType.AROUND)
-    HookRegistry.register(controlled_acceptance.TARGET, controlled_acceptance.around_verify_tree_greedy,
-                          HookType.AROUND)
+    register_patches(__name__)  # the four hooks declared in patches.py
+    register_patches(controlled_acceptance.__name__)  # AROUND verify_tree_greedy_func (benchmark only)

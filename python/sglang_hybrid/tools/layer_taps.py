@@ -158,8 +158,6 @@ def _attach(_result, runner, *args, **kwargs):
 
 
 _ACTIVE: List[LayerTaps] = []  # the taps of this process (read by the prefill-graph hook)
-PREFILL_GRAPH_CAN_RUN = ("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner."
-                         "can_run_graph")
 
 
 def _prefill_graph_unless_tapped(original, self, forward_batch, *args, **kwargs):
@@ -171,13 +169,12 @@ def _prefill_graph_unless_tapped(original, self, forward_batch, *args, **kwargs)
 
 def install() -> None:
     """AFTER ``ModelRunner.load_model``: attach the taps when :data:`TAPS_ENV` is set; AROUND the prefill
-    CUDA-graph runner's ``can_run_graph`` (both anchored in anchors.py)."""
+    CUDA-graph runner's ``can_run_graph`` (both declared and anchored in patches.py)."""
     if not os.environ.get(TAPS_ENV):
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.load_model", _attach, HookType.AFTER)
-    HookRegistry.register(PREFILL_GRAPH_CAN_RUN, _prefill_graph_unless_tapped, HookType.AROUND)
+    register_patches(__name__)
 
 
 # ------------------------------------------------------------------ comparison

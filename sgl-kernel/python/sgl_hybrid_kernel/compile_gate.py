@@ -211,11 +211,9 @@ def blocked_layouts(config_name: str, target: str = "sm90") -> List[tuple]:
 def kernel_configs() -> List[KernelConfig]:
     """Every kernel at the shapes we serve: Kimi K3 TP8 (12 KDA heads x 128) and
     Qwen3.8 GDN (16 k-heads, 48 v-heads x 128), with the tiles the wrappers pick."""
-    from sgl_hybrid_kernel.delta_rule.triton_chunk import gated_delta_chunk_kernel
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import (
-        GATE_GDN,
-        GATE_KDA,
-        GATE_KDA_SAFE,
+    from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk import gated_delta_chunk_kernel
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import (
         gated_delta_recurrent_kernel,
         gated_delta_verify_wide_kernel,
     )
@@ -225,7 +223,7 @@ def kernel_configs() -> List[KernelConfig]:
     kda = dict(H=12, HV=12, K=128, V=128, BK=128)
     gdn = dict(H=16, HV=48, K=128, V=128, BK=128)
     out = []
-    # decode / verify (issue 4): one warp, the tiles recurrent.pick_value_tile picks; one binary serves
+    # decode / verify (issue 4): one warp, the tiles recurrent.rules.pick_value_tile picks; one binary serves
     # every mode (commit / snapshots / deferred / fused replay are runtime flags). As Triton's JIT does at
     # launch, the unit stride of the pool (and snapshot pool) is a constant 1 and the others multiples of 16.
     ptrs = ("q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_ptr", "replay_prev_ptr")
@@ -237,7 +235,7 @@ def kernel_configs() -> List[KernelConfig]:
                             dict(T=T, BV=bv, GATE=gate, L2NORM=True, PRELOAD=preload, **shape, **lay["constexprs"]),
                             num_warps=max(1, bv // 16), divisible=lay["divisible"])
 
-    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0, tokprep=False):  # V-major decode and every verify window (recurrent.use_wide_verify)
+    def wide(name, T, bv, gate, shape, lay, plain=True, fast=False, xred=0, tokprep=False):  # V-major decode and every verify window (recurrent.rules.use_wide_verify)
         tile = dict(s_v=shape["K"]) if lay is vk else dict(s_k=shape["V"])  # both tile strides are constexprs
 
         def cfg(targets, seq):
@@ -247,8 +245,8 @@ def kernel_configs() -> List[KernelConfig]:
                                      **lay["constexprs"], **tile),
                                 num_warps=1, divisible=tuple(a for a in lay["divisible"] if a not in tile), targets=targets)
 
-        # FAST, XRED: CUDA only (recurrent.use_fast_gate, recurrent.use_xred); SEQ on the V-major pool on the
-        # sm_90 rows only, as recurrent.use_seq_key_sums launches it
+        # FAST, XRED: CUDA only (recurrent.rules.use_fast_gate, recurrent.rules.use_xred); SEQ on the V-major pool on the
+        # sm_90 rows only, as recurrent.rules.use_seq_key_sums launches it
         if fast or xred:
             return [cfg(("sm90",), lay is vk)]
         if lay is vk:
@@ -268,17 +266,17 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_verify1w_t4_bv4", 4, 4, GATE_KDA_SAFE, kda, vk),
             wide("kda_verify1w_t4_bv8", 4, 8, GATE_KDA_SAFE, kda, vk),  # plain verify tiles by batch since 2026-11-30
             wide("kda_verify1w_t4_bv16", 4, 16, GATE_KDA_SAFE, kda, vk),
-            # KDA's plain verify at 4 / 8 columns on CUDA since 2026-12-01 (recurrent.use_fast_gate)
+            # KDA's plain verify at 4 / 8 columns on CUDA since 2026-12-01 (recurrent.rules.use_fast_gate)
             wide("kda_verify1w_t4_bv4_fast", 4, 4, GATE_KDA_SAFE, kda, vk, fast=True),
             wide("kda_verify1w_t4_bv8_fast", 4, 8, GATE_KDA_SAFE, kda, vk, fast=True),
             wide("gdn_verify1w_t5_bv4", 5, 4, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv8", 5, 8, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv16", 5, 16, GATE_GDN, gdn, vk),
             wide("gdn_verify1w_t5_bv16_kv", 5, 16, GATE_GDN, gdn, kv),
-            # the all-modes binary (snapshots / deferred / fused replay / replay_commit), recurrent.pick_deferred_tile
+            # the all-modes binary (snapshots / deferred / fused replay / replay_commit), recurrent.rules.pick_deferred_tile
             wide("kda_verify1w_t4_bv4_allmodes", 4, 4, GATE_KDA_SAFE, kda, vk, False),
             wide("kda_verify1w_t4_bv8_allmodes", 4, 8, GATE_KDA_SAFE, kda, vk, False),
-            # what CUDA launches for KDA's all-modes windows since 2026-12-01 (recurrent.use_fast_gate)
+            # what CUDA launches for KDA's all-modes windows since 2026-12-01 (recurrent.rules.use_fast_gate)
             wide("kda_verify1w_t4_bv4_allmodes_fast", 4, 4, GATE_KDA_SAFE, kda, vk, False, fast=True),
             wide("kda_verify1w_t4_bv8_allmodes_fast", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True),
             wide("gdn_verify1w_t5_bv8_allmodes", 5, 8, GATE_GDN, gdn, vk, False),
@@ -286,16 +284,16 @@ def kernel_configs() -> List[KernelConfig]:
             wide("gdn_verify1w_t5_bv16_kv_allmodes", 5, 16, GATE_GDN, gdn, kv, False),
             wide("gdn_verify1w_t5_bv8_kv_allmodes", 5, 8, GATE_GDN, gdn, kv, False),
             # what CUDA launches below 16 columns on the V-major pool since 2026-12-02: the key sums as one
-            # reduce-scatter (recurrent.use_xred; KDA plain verify at 4 columns from B=1, GDN plain at B=1)
+            # reduce-scatter (recurrent.rules.use_xred; KDA plain verify at 4 columns from B=1, GDN plain at B=1)
             wide("kda_decode1w_bv4_xred", 1, 4, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("gdn_decode1w_bv4_xred", 1, 4, GATE_GDN, gdn, vk, xred=1),
             wide("kda_verify1w_t4_bv4_fast_xred", 4, 4, GATE_KDA_SAFE, kda, vk, fast=True, xred=1),
             wide("kda_verify1w_t4_bv8_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, fast=True, xred=1),
-            # the other tiles an explicit value_tile can ask with XRED (recurrent.xred_shape_ok: 2 to 16 columns)
+            # the other tiles an explicit value_tile can ask with XRED (recurrent.rules.xred_shape_ok: 2 to 16 columns)
             wide("kda_verify1w_t4_bv2_xred", 4, 2, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("kda_verify1w_t4_bv16_xred", 4, 16, GATE_KDA_SAFE, kda, vk, xred=1),
             wide("gdn_verify1w_t5_bv4_xred", 5, 4, GATE_GDN, gdn, vk, xred=1),
-            # plain GDN windows with XRED take every token's per-head scalars first (recurrent.use_tokprep)
+            # plain GDN windows with XRED take every token's per-head scalars first (recurrent.rules.use_tokprep)
             wide("gdn_verify1w_t5_bv4_xred_tokprep", 5, 4, GATE_GDN, gdn, vk, xred=1, tokprep=True),
             wide("gdn_verify1w_t5_bv8_xred_tokprep", 5, 8, GATE_GDN, gdn, vk, xred=1, tokprep=True),
             wide("gdn_verify1w_t5_bv2_xred_tokprep", 5, 2, GATE_GDN, gdn, vk, xred=1, tokprep=True),
@@ -310,23 +308,24 @@ def kernel_configs() -> List[KernelConfig]:
             wide("kda_verify1w_t4_bv8_allmodes_fast_xred", 4, 8, GATE_KDA_SAFE, kda, vk, False, fast=True, xred=1),
             wide("gdn_verify1w_t5_bv4_allmodes_xred", 5, 4, GATE_GDN, gdn, vk, False, xred=1),
             wide("gdn_verify1w_t5_bv8_allmodes_xred", 5, 8, GATE_GDN, gdn, vk, False, xred=1)]
-    # lanes kernel (triton_lanes.py; recurrent.pick_lanes_tile: 16 columns, 8 key lanes) and its per-token
+    # lanes kernel (triton_lanes.py; recurrent.rules.pick_lanes_tile: 16 columns, 8 key lanes) and its per-token
     # prologue; V_FIRST as the installed Triton needs it (triton_lanes.lanes_v_first)
-    from sgl_hybrid_kernel.delta_rule.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
+    from sgl_hybrid_kernel.delta_rule.recurrent.triton_lanes import (gated_delta_verify_lanes_kernel, lanes_v_first, prep_heads_per_program,
                                                            token_prep_kernel)
 
     lptrs = ("qn_ptr", "kn_ptr", "d_ptr", "bq_ptr", "v_ptr", "o_ptr", "state_ptr", "inter_ptr", "replay_prev_ptr")
 
     # the prologue and the lanes kernel as recurrent._launch_lanes launches them: on sm_90 as a programmatic
-    # dependent launch pair (PDL, recurrent.lanes_pdl), on CDNA without
+    # dependent launch pair (PDL, recurrent.rules.lanes_pdl), on CDNA without
     by_pdl = ((("gfx942", "gfx950"), False), (("sm90",), True))
 
-    from sgl_hybrid_kernel.delta_rule.recurrent import (LANES_PDL_PLAIN_PER_HEAD_MAX_TILE, LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON,
-                                                        TRITON_VERSION)
+    from sgl_hybrid_kernel.delta_rule.recurrent.rules import (LANES_PDL_PLAIN_PER_HEAD_MAX_TILE,
+                                                              LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON)
+    from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import TRITON_VERSION
 
     def lanes(name, T, bv, kl, gate, shape, plain=True, snapshots=False):
-        # plain GDN windows over 8 columns launch without PDL from Triton 3.7 (recurrent.lanes_pdl); FOLD on CUDA
-        # only (triton_lanes.lanes_fold)
+        # plain GDN windows over 8 columns launch without PDL from Triton 3.7 (recurrent.rules.lanes_pdl); FOLD on CUDA
+        # only (recurrent.rules.lanes_fold)
         no_pdl = (plain and gate == GATE_GDN and TRITON_VERSION >= LANES_PDL_PLAIN_PER_HEAD_OFF_FROM_TRITON
                   and bv > LANES_PDL_PLAIN_PER_HEAD_MAX_TILE)
         return [KernelConfig(name, gated_delta_verify_lanes_kernel,
@@ -353,8 +352,8 @@ def kernel_configs() -> List[KernelConfig]:
                          lanes("gdn_lanes_t5_bv16_kl8_deferred", 5, 16, 8, GATE_GDN, gdn, False),
                          lanes("gdn_lanes_t5_bv16_kl8_allmodes", 5, 16, 8, GATE_GDN, gdn, False, True)) for c in cs]
     # chunk-form verify window (triton_window.py, opt-in form="chunk"): 32 columns, FP32 tl.dot;
-    # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.window_num_warps launches it
-    from sgl_hybrid_kernel.delta_rule.triton_window import gated_delta_window_kernel
+    # 4 warps on CDNA (MFMA), 8 on sm_90 (FMA loop), as recurrent.rules.window_num_warps launches it
+    from sgl_hybrid_kernel.delta_rule.recurrent.triton_window import gated_delta_window_kernel
 
     wptrs = ("q_ptr", "k_ptr", "v_ptr", "f_ptr", "b_ptr", "o_ptr", "state_ptr", "replay_ptr", "replay_prev_ptr")
     for wname, T, gate, shape, mode in (("kda_window_t4_bv32", 4, GATE_KDA_SAFE, kda, "plain"),
@@ -382,6 +381,61 @@ def kernel_configs() -> List[KernelConfig]:
     return out + attention_moe_configs() + fp8_linear_configs()
 
 
+def plan_targets():
+    """``(gate target, Target)`` of every row of the delta-rule tables (``recurrent/tiles.json``, ``chunk/launch.json``)
+    whose arch the gate compiles, for the installed Triton (outside the interpreter)."""
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.recurrent.rules import VALUE_TILE_TUNED
+    from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import TRITON_VERSION
+    from sgl_hybrid_kernel.platform import Target
+
+    keys = sorted(set(VALUE_TILE_TUNED) | set(CHUNK_LAUNCH))
+    return [(arch, Target("rocm" if arch.startswith("gfx") else "cuda", arch, cus, False, TRITON_VERSION))
+            for arch, cus in keys if arch in TARGETS]
+
+
+def recurrent_plans_without_config(batches=range(1, 161)) -> List[str]:
+    """The decode / verify plans (``plan.plan_recurrent``) of every table row's target, at the served shapes (Kimi
+    K3 TP8's KDA at T = 1 / 4, Qwen3.8's GDN at T = 1 / 5; V-major FP32 pool; plain decode, plain, snapshot and deferred
+    verify windows;
+    ``batches``) that no config of :func:`kernel_configs` compiles for that target: the gate enumerates the tables'
+    plans, so a table row or rule change that launches an ungated binary fails ``test_compile_gate_coverage.py``."""
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.plan import plan_recurrent
+
+    configs = kernel_configs()
+
+    def has(target, kernel_name, want):
+        return any(c.kernel.fn.__name__ == kernel_name and target in c.targets
+                   and all(c.constexprs.get(k, False) == v for k, v in want.items()) for c in configs)
+
+    missing = set()
+    for arch, target in plan_targets():
+        for gate, H, HV, Ts in ((GATE_KDA_SAFE, 12, 12, (1, 4)), (GATE_GDN, 16, 48, (1, 5))):
+            for T in Ts:
+                for mode in ("plain", "snapshots", "deferred"):
+                    if T == 1 and mode != "plain":  # decode writes no snapshots and defers nothing on the served path
+                        continue
+                    for B in batches:
+                        p = plan_recurrent(B, T, H, HV, 128, 128, gate, "vk", target, plain=mode == "plain",
+                                           snapshots=mode == "snapshots")
+                        shape = dict(T=T, H=H, HV=HV, K=128, V=128)
+                        if p.kernel == "one_warp":
+                            ok = has(arch, "gated_delta_verify_wide_kernel",
+                                     dict(shape, BV=p.value_tile, GATE=gate, PLAIN=mode == "plain", FAST=p.fast,
+                                          XRED=p.xred, SEQ=p.seq, TOKPREP=p.tokprep))
+                        elif p.kernel == "lanes":
+                            ok = (has(arch, "gated_delta_verify_lanes_kernel",
+                                      dict(shape, BV=p.value_tile, KL=p.key_lanes, PER_CHANNEL=gate != GATE_GDN,
+                                           PLAIN=mode == "plain", SNAPSHOTS=mode == "snapshots", PDL=p.pdl, FOLD=p.fold))
+                                  and has(arch, "token_prep_kernel", dict(shape, GATE=gate, HB=p.prep_heads, PDL=p.pdl)))
+                        else:
+                            ok = False
+                        if not ok:
+                            missing.add(f"{arch} {'KDA' if gate != GATE_GDN else 'GDN'} T={T} {mode}: {p.describe()}")
+    return sorted(missing)
+
+
 def _int32_scalars(kernel, constexprs) -> Dict[str, str]:
     """``i32`` for every plain integer argument: what Triton's JIT specialises a Python int
     below 2**31 to (strides, counts at serving shapes); the gate's default ``i64`` costs
@@ -395,13 +449,14 @@ CHUNK_TARGETS = {"sm90": "sm90", "gfx942": "gfx942", "gfx950": "gfx950"}  # laun
 
 def chunk_parallel_configs() -> List[KernelConfig]:
     """Multi-kernel chunked prefill (chunk 64, ``triton_chunk_parallel.py``): the four launches
-    exactly as ``chunk_parallel.launch_params`` builds them from each (arch, CU) entry of
+    exactly as ``chunk.parallel.launch_params`` builds them from each (arch, CU) entry of
     ``CHUNK_LAUNCH``, compiled for that entry's arch; BF16 activations and intermediates, TF32
     products on sm_90 (the CUDA ``method="auto"`` choice) and FP32 products on CDNA (ROCm always
     runs this form, without TF32); state passing with and without checkpoints. Kimi K3 TP8 (KDA safe and
     standard gate, 12 heads x 128) and Qwen3.8 GDN (16 k-heads, 48 v-heads x 128)."""
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH, launch_params, use_fused_output
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.parallel import launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH, use_fused_output
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr", "kg_ptr", "vn_ptr", "h_ptr")}
     idx = {p: "*i32" for p in ("cidx_ptr", "coff_ptr")}
@@ -421,14 +476,14 @@ def chunk_parallel_configs() -> List[KernelConfig]:
                     _add_launch_rows(out, seen, target, params, {**bf16, **idx, **mrows}, lambda part: (
                         f"{model}_chunk64_{part}{'_ckpt' if ckpt and part == 'state' else ''}"
                         f"_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}"), budgets=state_budget)
-                    # the wider state tiles chunk_parallel.pick_state_tile takes for large batches (no checkpoints)
+                    # the wider state tiles chunk.parallel.pick_state_tile takes for large batches (no checkpoints)
                     for bv, _ in (launch.state_bv_costs if not ckpt else ()):
                         wide = launch_params(launch, kind, H, HV, 128, 128, lb, True, tf32, ckpt, state_tile=bv,
                                              lowp_scratch=True)
                         _add_launch_rows(out, seen, target, {"state": wide["state"]}, {**bf16, **idx},
                                          lambda part, bv=bv: f"{model}_chunk64_state_bv{bv}_{'tf32' if tf32 else 'fp32'}_{arch}x{cus}",
                                          budgets=state_budget)
-                    # the state pass that forms the output (chunk_parallel.use_fused_output) at each of those
+                    # the state pass that forms the output (chunk.parallel.use_fused_output) at each of those
                     # tiles, and the A programs that write q's row factor, Aqk (BF16) and KDA's q e^G for it
                     tiles = ([b for b, _ in launch.state_bv_costs] or [None]) if kind == GATE_GDN else launch.fuse_output_kda_bv
                     for bv in tiles:
@@ -470,13 +525,13 @@ def _add_launch_rows(out: List[KernelConfig], seen: set, target: str, params: Di
 
 
 def chunk_group_scan_configs() -> List[KernelConfig]:
-    """Group-scan mode of the chunk-64 prefill (``chunk_group_scan.py``): the summary and scan
-    kernels as ``chunk_group_scan.group_scan_launch_params`` builds them for each ``CHUNK_LAUNCH``
+    """Group-scan mode of the chunk-64 prefill (``chunk/group_scan.py``): the summary and scan
+    kernels as ``chunk.group_scan.group_scan_launch_params`` builds them for each ``CHUNK_LAUNCH``
     entry (the replay is the state kernel, gated above); same models and products as
     :func:`chunk_parallel_configs`."""
-    from sgl_hybrid_kernel.delta_rule.chunk_group_scan import group_scan_launch_params
-    from sgl_hybrid_kernel.delta_rule.chunk_parallel import CHUNK_LAUNCH
-    from sgl_hybrid_kernel.delta_rule.triton_recurrent import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
+    from sgl_hybrid_kernel.delta_rule.chunk.group_scan import group_scan_launch_params
+    from sgl_hybrid_kernel.delta_rule.chunk.rules import CHUNK_LAUNCH
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA, GATE_KDA_SAFE
 
     bf16 = {p: "*bf16" for p in ("w_ptr", "u_ptr")}
     idx = {p: "*i32" for p in ("gidx_ptr", "goff_ptr")}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -94,3 +95,53 @@ def aiter_status() -> Tuple[bool, str]:
     except Exception as exc:  # ImportError, or a failing JIT / library load inside aiter
         return False, f"import aiter failed: {type(exc).__name__}: {str(exc)[:160]}"
     return True, f"aiter {getattr(mod, '__version__', 'unknown version')}"
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_version() -> Tuple[int, int]:
+    """``(major, minor)`` of the installed Triton (read once: plans are made on every kernel call)."""
+    import triton
+
+    return tuple(int(x) for x in triton.__version__.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a kernel plan is chosen for: a :class:`DevicePlatform`, whether Triton runs in its interpreter
+    (``TRITON_INTERPRET=1`` when the plan is made) and the installed Triton's ``(major, minor)``.
+
+    Plans (``delta_rule.plan``) are functions of a ``Target`` and the computation's shapes only, so any
+    architecture's choices can be computed, logged, tabulated and tested on a CPU machine.
+
+    Attributes:
+        vendor: ``"cpu"``, ``"cuda"`` or ``"rocm"`` (the device's, not the interpreter's).
+        arch, num_compute_units: as :class:`DevicePlatform` (``None`` on CPU).
+        interpreter: kernels run in Triton's interpreter (no inline PTX there).
+        triton_version: ``(major, minor)`` of the Triton that compiles the kernels.
+    """
+
+    vendor: str
+    arch: Optional[str] = None
+    num_compute_units: Optional[int] = None
+    interpreter: bool = False
+    triton_version: Tuple[int, int] = (0, 0)
+
+    @property
+    def key(self) -> Tuple[Optional[str], Optional[int]]:
+        """``(arch, num_compute_units)``: the key of tuned kernel tables."""
+        return (self.arch, self.num_compute_units)
+
+    @staticmethod
+    def from_platform(plat: DevicePlatform, interpreter: Optional[bool] = None,
+                      triton_version: Optional[Tuple[int, int]] = None) -> "Target":
+        """The target of ``plat``; ``interpreter`` / ``triton_version`` default to this process's
+        (``TRITON_INTERPRET`` now, the installed Triton)."""
+        if interpreter is None:
+            interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+        return Target(plat.device, plat.arch, plat.num_compute_units, bool(interpreter),
+                      tuple(triton_version) if triton_version is not None else _triton_version())
+
+    @staticmethod
+    def of(device: Optional[torch.device]) -> "Target":
+        """The target of a tensor's device in this process (:func:`device_platform`)."""
+        return Target.from_platform(device_platform(device))

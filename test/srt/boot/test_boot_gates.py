@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from sgl_hybrid_kernel.delta_rule import ops as delta_ops
-from sgl_hybrid_kernel.kda import reference as kda_ref
+from sgl_hybrid_kernel.delta_rule import naive as kda_ref
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from sglang_hybrid.boot import SKIP_ENV, BootGateError, run_boot
 from sglang_hybrid.platforms import Platform
@@ -125,7 +125,7 @@ def test_skip_flag_reaches_scheduler_env_through_upstream_parser():
 BROKEN_SITECUSTOMIZE = """
 # Test only: every Python process started with this directory on PYTHONPATH gets a
 # KDA recurrence that is off by 0.1, as a miscompiled kernel would be.
-import sgl_hybrid_kernel.kda.reference as _ref
+import sgl_hybrid_kernel.delta_rule.naive as _ref
 
 _original = _ref.kda_recurrent
 

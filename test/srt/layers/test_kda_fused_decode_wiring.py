@@ -18,7 +18,7 @@ import torch
 
 from sgl_hybrid_kernel.conv.reference import causal_conv1d_step
 from sgl_hybrid_kernel.dispatch import call_counts, chosen_paths
-from sgl_hybrid_kernel.kda import kda_gate, kda_recurrent
+from sgl_hybrid_kernel.delta_rule.naive import kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm import gated_rms_norm, l2_norm
 from sglang_hybrid.layers.attention import kda_fused_decode
 from sglang_hybrid.layers.attention.kda_fused_decode import FusedDecodeStatic, static_contract, try_fused_decode

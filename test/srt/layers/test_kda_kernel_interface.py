@@ -17,8 +17,7 @@ from unittest import mock
 import pytest
 import torch
 
-from sgl_hybrid_kernel.kda import kda_gate, kda_recurrent
-from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
+from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm import l2_norm
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
 from sglang_hybrid.layers.attention import kda_kernel

@@ -46,7 +46,6 @@ from sgl_hybrid_kernel.dispatch import record_choice
 
 logger = logging.getLogger(__name__)
 
-TARGET = "sglang.srt.layers.attention.triton_backend.cp_lse_ag_out_rs_mha"
 
 CALLS: Counter = Counter()  # "sgl_hybrid" / "upstream" calls through the hook (tests, diagnostics)
 _STATE = threading.local()
@@ -154,6 +153,6 @@ def _around_cp_lse_ag_out_rs_mha(original, cp_attn_out, cp_attn_lse, cp_group, r
 
 def install() -> None:
     """AROUND hook on ``triton_backend.cp_lse_ag_out_rs_mha`` (acts only under :func:`serving`)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register(TARGET, _around_cp_lse_ag_out_rs_mha, HookType.AROUND)
+    register_patches(__name__)

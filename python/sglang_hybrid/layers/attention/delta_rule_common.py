@@ -25,11 +25,10 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_recurrent
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
-from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
+from sgl_hybrid_kernel.delta_rule.gate import gate_kind
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, gdn_gate, kda_gate
 from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices
-from sgl_hybrid_kernel.gdn.reference import gdn_gate
-from sgl_hybrid_kernel.kda.reference import kda_gate
 from sgl_hybrid_kernel.norm.reference import l2_norm
 
 MAMBA_CHUNK = 64  # upstream's track grid (mamba_chunk_size)
@@ -148,7 +147,7 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
     cache_indices = slot_indices("cache_indices", cache_indices, ("ssm_states", ssm_states.shape[0]))
     rows = slot_indices("intermediate_state_indices", intermediate_state_indices[:B],
                         ("intermediate_states_buffer", buf.shape[0])).to(torch.long)
-    if force_triton or choose_recurrent(q2, v2, ssm_states) == "triton":
+    if force_triton or choose_recurrent(q2, v2, ssm_states, T, gate_kind(gate, lower_bound)) == "triton":
         t = torch.arange(T, device=rows.device)
         inter_idx = torch.where(rows[:, None] >= 0, rows[:, None] * steps + t[None, :], -1).reshape(-1).to(torch.int32)
         o = gated_delta_recurrent_triton(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,

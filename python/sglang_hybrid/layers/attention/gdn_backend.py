@@ -27,9 +27,8 @@ import logging
 import torch
 
 from sgl_hybrid_kernel.conv.reference import causal_conv1d, causal_conv1d_step
-from sgl_hybrid_kernel.delta_rule.reference import gated_delta_recurrent
+from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, gdn_gate
 from sgl_hybrid_kernel.dispatch import record_choice
-from sgl_hybrid_kernel.gdn.reference import gdn_gate
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend

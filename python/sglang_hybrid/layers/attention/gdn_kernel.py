@@ -28,16 +28,17 @@ import logging
 
 import torch
 
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
+from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN
 from sgl_hybrid_kernel.delta_rule.ops import decode_torch
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
 from sgl_hybrid_kernel.dispatch import count_call, record_choice
-from sgl_hybrid_kernel.kda.reference import kda_chunk
+from sgl_hybrid_kernel.delta_rule.naive import kda_chunk
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
                                                             plan_track_snapshots, verify_chain)
@@ -45,7 +46,6 @@ from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, exten
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "sgl_hybrid"
-DISPATCHER_INIT = "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.__init__"
 
 
 def raw_gdn_gates(g: torch.Tensor, beta: torch.Tensor):
@@ -88,7 +88,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
             raise ValueError(f"query_start_loc: decode expects one token per request, {B} tokens")
         args = (q[0], k[0], v[0], a.reshape(B, HV), b.reshape(B, HV), A_log.reshape(-1), dt_bias.reshape(-1),
                 ssm_states, cache_indices)
-        if self.force_triton or choose_recurrent(q[0], v[0], ssm_states) == "triton":
+        if self.force_triton or choose_recurrent(q[0], v[0], ssm_states, 1, GATE_GDN) == "triton":
             count_call("gdn_decode", "triton")
             return gated_delta_recurrent_triton(*args, 1, "gdn", state_layout="vk").unsqueeze(0)
         if q.device.type != "cpu":  # outside our contract on a GPU: upstream's kernel, not a Python loop
@@ -223,4 +223,4 @@ def install() -> None:
 
     if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
         add_linear_attn_kernel_backend_choices([BACKEND_NAME])
-    HookRegistry.register(DISPATCHER_INIT, _around_dispatcher_init, HookType.AROUND)
+    register_patches(__name__)  # AROUND GDNKernelDispatcher.__init__ (patches.py)

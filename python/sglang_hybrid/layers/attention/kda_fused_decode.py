@@ -40,11 +40,10 @@ from typing import Callable, Optional
 import torch
 
 from sgl_hybrid_kernel.dispatch import count_call, record_choice
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 logger = logging.getLogger(__name__)
 
-PREPARE_TARGET = "sglang.srt.models.kimi_k3.KimiK3DeltaAttention._prepare_fused_decode"
 OP = "kda_decode_fused"
 MODE_ENV = "SGLANG_HYBRID_KDA_FUSED_DECODE"
 # Workspace rows reserved before capture, in requests (a larger eager batch grows it then).
@@ -192,4 +191,4 @@ def try_fused_decode(backend, layer, forward_batch, mixed_qkv, a, b) -> Optional
 
 def install() -> None:
     """Hook upstream's ``_prepare_fused_decode`` (AFTER) so that the model offers our kernel the stash."""
-    HookRegistry.register(PREPARE_TARGET, _after_prepare, HookType.AFTER)
+    register_patches(__name__)

@@ -23,15 +23,16 @@ from typing import Optional
 
 import torch
 
-from sgl_hybrid_kernel.delta_rule.chunk import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
-from sgl_hybrid_kernel.delta_rule.recurrent import gated_delta_recurrent_triton
+from sgl_hybrid_kernel.delta_rule.gate import gate_kind
+from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
 from sgl_hybrid_kernel.dispatch import count_call, record_choice
-from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
+from sgl_hybrid_kernel.delta_rule.naive import kda_chunk, kda_gate, kda_recurrent
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
                                                             plan_track_snapshots, verify_chain)
@@ -66,7 +67,7 @@ class SglHybridKDAKernel(TritonKDAKernel):
             raise ValueError(f"decode expects one token per request: {B} tokens, {query_start_loc.numel() - 1} requests")
         q2, k2, v2 = q[0], k[0], v[0]
         f, beta = a.reshape(B, H, K), b.reshape(B, H)
-        if self.force_triton or choose_recurrent(q2, v2, ssm_states) == "triton":
+        if self.force_triton or choose_recurrent(q2, v2, ssm_states, 1, gate_kind("kda", lower_bound)) == "triton":
             count_call("kda_decode", "triton")
             o = gated_delta_recurrent_triton(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,
                                              cache_indices, 1, "kda", lower_bound, state_layout="vk")
@@ -207,9 +208,6 @@ def _add_verify_choice(result, parser, *args, **kwargs):
     return result
 
 
-EXTRA_BUFFER_CHECK = "sglang.srt.arg_groups.overrides.supports_mamba_cache_extra_buffer"
-
-
 class _BaseBackendAsTriton:
     """Read view of the resolving server arguments in which ``linear_attn_backend`` reads ``"triton"``."""
 
@@ -245,8 +243,4 @@ def install() -> None:
 
     if BACKEND_NAME not in LINEAR_ATTN_KERNEL_BACKEND_CHOICES:
         add_linear_attn_kernel_backend_choices([BACKEND_NAME])
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_verify_choice, HookType.AFTER)
-    HookRegistry.register(EXTRA_BUFFER_CHECK, _around_extra_buffer_check, HookType.AROUND)
-    HookRegistry.register(
-        "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.__init__", _around_dispatcher_init, HookType.AROUND
-    )
+    register_patches(__name__)  # the three hooks declared in patches.py

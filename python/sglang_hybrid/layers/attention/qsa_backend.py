@@ -49,9 +49,6 @@ from sgl_hybrid_kernel.qsa.dispatch import qsa_attention
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "sgl_hybrid_qsa"
-_CLS = "sglang.srt.layers.attention.qwen_sparse_attn_backend.QwenSparseAttnBackend"
-PAGED = f"{_CLS}._forward_paged_attention"
-FUSED_KV = f"{_CLS}._try_fused_kv_attention"
 
 
 def enabled(backend) -> bool:
@@ -173,11 +170,11 @@ def install() -> None:
     """Register ``--attention-backend sgl_hybrid_qsa`` and the two hooks."""
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_hybrid.patches import register_patches
 
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
     if BACKEND_NAME not in ATTENTION_BACKENDS:
         register_attention_backend(BACKEND_NAME)(create_backend)
-    HookRegistry.register(PAGED, _around_paged, HookType.AROUND)
-    HookRegistry.register(FUSED_KV, _around_fused_kv, HookType.AROUND)
+    register_patches(__name__)  # AROUND _forward_paged_attention and _try_fused_kv_attention (patches.py)

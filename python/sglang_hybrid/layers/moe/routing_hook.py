@@ -28,12 +28,9 @@ from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.moe.dispatch import MAX_ROWS, fused_moe_routing
 from sgl_hybrid_kernel.moe.routing import MAX_ENTRIES, fused_moe_routing_triton
 from sgl_hybrid_kernel.moe.routing_reference import route_tokens_reference
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_hybrid.patches import register_patches
 
 logger = logging.getLogger(__name__)
-
-BIASED_GROUPED_TOPK = "sglang.srt.layers.moe.topk.biased_grouped_topk"
-FUSED_TOPK = "sglang.srt.layers.moe.topk.fused_topk"
 
 
 def route(gating_output: torch.Tensor, topk: int, renormalize: bool, scoring_func: str,
@@ -101,5 +98,4 @@ def _around_fused_topk(original, hidden_states, gating_output, topk, renormalize
 
 def install() -> None:
     """AROUND hooks on upstream's ``biased_grouped_topk`` and ``fused_topk`` (GPU/ROCm only)."""
-    HookRegistry.register(BIASED_GROUPED_TOPK, _around_biased_grouped_topk, HookType.AROUND)
-    HookRegistry.register(FUSED_TOPK, _around_fused_topk, HookType.AROUND)
+    register_patches(__name__)

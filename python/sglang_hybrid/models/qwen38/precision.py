@@ -51,9 +51,6 @@ FP8_FLAG, FP8_ENV = "--qwen38-fp8-residual-proj", "SGLANG_HYBRID_QWEN38_FP8_RESI
 TOPK_FLAG, TOPK_ENV = "--vocab-screening-topk", "SGLANG_HYBRID_VOCAB_SCREENING_TOPK"
 FORMAT_FLAG, FORMAT_ENV = "--vocab-screening-format", "SGLANG_HYBRID_VOCAB_SCREENING_FORMAT"
 
-ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
-FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
-
 
 @dataclass(frozen=True)
 class PrecisionPaths:
@@ -226,7 +223,6 @@ def export_precision_flags(cls, args, *rest, **kwargs):
 
 def install() -> None:
     """Register the two ``ServerArgs`` hooks (called by ``plugin.register``)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_hybrid.patches import register_patches
 
-    HookRegistry.register(ADD_CLI_ARGS, add_precision_flags, HookType.AFTER)
-    HookRegistry.register(FROM_CLI_ARGS, export_precision_flags, HookType.BEFORE)
+    register_patches(__name__)

@@ -1,5 +1,2 @@
-"""Kimi Delta Attention (KDA): gate, recurrent and chunked forms."""
-
-from sgl_hybrid_kernel.kda.reference import kda_chunk, kda_gate, kda_recurrent
-
-__all__ = ["kda_gate", "kda_recurrent", "kda_chunk"]
+"""Kimi Delta Attention's fused decode (conv + gates + delta rule + gated RMSNorm in one launch:
+``fused_decode.py``, ``triton_fused_decode.py``). KDA's gate and forms are in ``delta_rule.naive``."""

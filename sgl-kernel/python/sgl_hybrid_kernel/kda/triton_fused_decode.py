@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import STATE_LOAD_EVICTION, STATE_STORE_CACHE
 
 
 @triton.jit

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_chunk_parallel import _dot, _rnorm, _state_advance, _state_load, _state_store, _tile
+from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk_parallel import _dot, _rnorm, _state_advance, _state_load, _state_store, _tile
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """Host facts and device index tables of a set of packed sequences, shared by the chunk-64 prefill
-(``chunk_parallel.py``) and its group-scan state pass (``chunk_group_scan.py``), cached so that every
+(``chunk/parallel.py``) and its group-scan state pass (``chunk/group_scan.py``), cached so that every
 KDA / GDN layer of one forward launches without building or copying them again (issue 4: host
 overhead)."""
 

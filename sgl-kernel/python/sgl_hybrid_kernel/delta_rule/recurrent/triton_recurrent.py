@@ -35,10 +35,7 @@ import triton.language as tl
 # (major, minor) of the installed Triton, for the rules that differ by version (chunk_parallel, recurrent, lanes)
 TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 
-# Gate kinds (constexpr GATE)
-GATE_KDA = 0  # per channel: -exp(A_log[h]) * softplus(f + dt_bias[h, k])
-GATE_KDA_SAFE = 1  # per channel: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias[h, k]))
-GATE_GDN = 2  # per head: -exp(A_log[h]) * softplus(a + dt_bias[h])
+# Gate kinds (constexpr GATE): sgl_hybrid_kernel.delta_rule.gate (GATE_KDA 0, GATE_KDA_SAFE 1, GATE_GDN 2)
 
 # Mode bits (runtime argument ``flags``)
 FLAG_COMMIT = 1  # write the final state back to its slot
@@ -231,7 +228,7 @@ def _key_sum(X, SEQ: tl.constexpr):
     """``X [BK, BV]`` summed over the keys: ``[BV]``. ``SEQ`` views the tile as ``[32, BK / 32, BV]`` and adds each
     thread's keys in index order (:func:`_fold_last`), then across the lanes as ``tl.sum`` does. Only for the
     layout :func:`_xred_pair` assumes -- one warp of 32 lanes on the keys, 4 consecutive keys per thread, which
-    Triton picks for a 128-key tile of an aligned V-major pool (``recurrent.use_seq_key_sums`` decides on the
+    Triton picks for a 128-key tile of an aligned V-major pool (``recurrent.rules.use_seq_key_sums`` decides on the
     host): there the view costs nothing and a sum of products compiles to a multiply and a chain of FMAs under
     every Triton version (3.7+ would make the thread's part a tree). Under another layout the view would
     convert layouts, and the replay loop's and the verify chain's sums could compile to different groupings
@@ -257,7 +254,7 @@ def _lane_key_sums(X):
 def _xred_pair(X, Y, lane, BK: tl.constexpr, BV: tl.constexpr, XRED: tl.constexpr):
     """Key-axis sums of two ``[BK, BV]`` FP32 tiles in the state's layout (32 lanes on the keys, ``BK / 32``
     consecutive keys per thread, every column in each thread: what Triton lays out for ``BK == 128`` on an aligned
-    V-major pool, ``recurrent.xred_shape_ok``) as one reduce-scatter instead of ``2 BV``
+    V-major pool, ``recurrent.rules.xred_shape_ok``) as one reduce-scatter instead of ``2 BV``
     all-reduce butterflies: the in-thread partial sums, then lane mask 16 splits ``X`` from ``Y`` and masks
     8, 4, 2, 1 halve the columns while ``BV`` allows (plain all-reduce steps after that). The same
     additions in the same order as :func:`_key_sum` with ``SEQ`` (the thread's keys in index order, then Triton's
@@ -913,10 +910,10 @@ def gated_delta_verify_wide_kernel(
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
     PLAIN: tl.constexpr,
-    FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.use_fast_gate)
-    XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.use_xred)
-    SEQ: tl.constexpr = False,  # key sums via _key_sum's in-order view (recurrent.use_seq_key_sums; on wherever XRED is)
-    TOKPREP: tl.constexpr = False,  # plain windows with XRED: every token's norms, gates, betas first (recurrent.use_tokprep)
+    FAST: tl.constexpr = False,  # bounded KDA gate, CUDA: gate / beta MUFU ops without fix-ups (recurrent.rules.use_fast_gate)
+    XRED: tl.constexpr = 0,  # key sums as one reduce-scatter (_xred_pair; 1: CUDA shuffles, 2: gathers; recurrent.rules.use_xred)
+    SEQ: tl.constexpr = False,  # key sums via _key_sum's in-order view (recurrent.rules.use_seq_key_sums; on wherever XRED is)
+    TOKPREP: tl.constexpr = False,  # plain windows with XRED: every token's norms, gates, betas first (recurrent.rules.use_tokprep)
 ):
     """Decode and verify windows in every mode -- plain, snapshots, deferred commit, fused replay --
     in the lean per-token form: no per-token input tiles in registers, the previous window's
@@ -955,7 +952,7 @@ def gated_delta_verify_wide_kernel(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     if XRED:
-        # V-major pool, one warp, a 128-key tile, an aligned pool (recurrent.xred_shape_ok): the state tile's layout
+        # V-major pool, one warp, a 128-key tile, an aligned pool (recurrent.rules.xred_shape_ok): the state tile's layout
         # then puts the 32 lanes on the keys, BK / 32 consecutive keys per thread, which _xred_pair's lane arithmetic
         # assumes (the compile gate checks the compiled layouts)
         tl.static_assert(s_k == 1, "XRED: key stride 1 (V-major pool)")
@@ -969,7 +966,7 @@ def gated_delta_verify_wide_kernel(
         o_vt = o_v
         m_vt = m_v
         m_vs = m_v
-    # key sums through _key_sum's in-order view: the host's answer (recurrent.use_seq_key_sums), and always with
+    # key sums through _key_sum's in-order view: the host's answer (recurrent.rules.use_seq_key_sums), and always with
     # XRED, whose reduce-scatter adds in that order (a replay must add as its verify did)
     SEQK: tl.constexpr = SEQ or XRED != 0
 

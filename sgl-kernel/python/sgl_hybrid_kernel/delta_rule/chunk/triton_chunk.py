@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import _softplus
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import _softplus
 
 
 @triton.jit

@@ -46,7 +46,7 @@ over key blocks of ``KB`` channels. GDN (one decay per head) uses the decay matr
 Register budget (issue 9, ``compile_gate``): no ``[BT, K]`` tile is ever whole in
 registers; every K-wide product runs over key blocks of ``KD`` channels (loops, not
 unrolled), which keeps all four kernels free of spills on gfx942, gfx950 and sm_90
-at the launch parameters of ``chunk_parallel.LAUNCH``.
+at the launch parameters of ``chunk.parallel.LAUNCH``.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_chunk import _tril_inverse_16
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import _fexp, _frcp, _softplus
+from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk import _tril_inverse_16
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import _fexp, _frcp, _softplus
 
 
 @triton.jit

@@ -35,7 +35,7 @@ token by the same ``_lanes_update`` on the same FP32 values in every binary (the
 verify consumed: the verify takes ``exp`` of the per-head log decay in this kernel, as the replay does
 of the record's; a per-channel decay is computed by the prologue and, for a record, by this kernel, the
 same elementwise ``exp`` of the same value), so a replayed state equals the snapshot bit for bit
-(checked across the binaries on the H200: ``bench_delta_rule.py`` ``deferred_exact``, whose reference
+(checked across the binaries on the H200: ``bench_delta_rule_recurrent.py`` ``deferred_exact``, whose reference
 window writes snapshots). The layout and the prologue's values differ from the one-warp kernel's, so
 the two kernels agree to FP32 rounding, not bit for bit: every call of one window must take the same
 kernel (the wrapper's defaults do).
@@ -46,27 +46,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import (RECORD_STORE_CACHE, STATE_LOAD_EVICTION, STATE_STORE_CACHE, TRITON_VERSION,
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import (RECORD_STORE_CACHE, STATE_LOAD_EVICTION, STATE_STORE_CACHE, TRITON_VERSION,
                                                           _fold_last, _softplus)
 
 try:  # grid dependency control (programmatic dependent launch, sm_90+); only compiled in with PDL=True
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # a Triton without it: recurrent.lanes_pdl() then answers False
+except ImportError:  # a Triton without it: recurrent.rules.lanes_pdl() then answers False
     gdc_launch_dependents = gdc_wait = None
-
-
-def lanes_fold(device) -> bool:
-    """``FOLD`` of the lanes kernel: its key-block sums in index order (``_lanes_sum``). On CUDA and in the
-    interpreter; not on ROCm, where the fold was compiled (gfx942 / gfx950: 136 -> 170 VGPRs for KDA on gfx950,
-    140 -> 174 for GDN's all-modes binary on gfx942, one wave per SIMD less) but never run. Every call of one
-    process answers alike, so a window and its replays agree. Issue 4, nineteenth round."""
-    import os
-
-    import torch
-
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True
-    return torch.device(device).type == "cuda" and torch.version.hip is None
 
 
 def lanes_v_first() -> bool:
@@ -103,7 +89,7 @@ def token_prep_kernel(
     HB: tl.constexpr,  # value heads per program (prep_heads_per_program)
     GATE: tl.constexpr,
     L2NORM: tl.constexpr,
-    PDL: tl.constexpr,  # the lanes kernel is a programmatic dependent launch of this one (recurrent.lanes_pdl)
+    PDL: tl.constexpr,  # the lanes kernel is a programmatic dependent launch of this one (recurrent.rules.lanes_pdl)
 ):
     """One program per (token, ``HB`` value heads): the per-token inputs of
     :func:`gated_delta_verify_lanes_kernel` as ``[HB, K]`` tiles (formulas of
@@ -243,7 +229,7 @@ def gated_delta_verify_lanes_kernel(
     FOLD: tl.constexpr,  # key blocks summed in index order (lanes_fold: CUDA and the interpreter)
     PLAIN: tl.constexpr,  # compile snapshots, deferred commit and replay out
     SNAPSHOTS: tl.constexpr,  # with PLAIN False: compile the snapshot writes in (FLAG_SAVE_INTER honoured)
-    PDL: tl.constexpr,  # launched as a programmatic dependent launch of token_prep_kernel (recurrent.lanes_pdl)
+    PDL: tl.constexpr,  # launched as a programmatic dependent launch of token_prep_kernel (recurrent.rules.lanes_pdl)
 ):
     """Decode / verify window of ``T`` tokens for one (request, value head, ``BV`` columns), one warp.
     Needs ``K % (4 * KL) == 0``, ``V % BV == 0`` and a key-contiguous pool (the wrapper checks).

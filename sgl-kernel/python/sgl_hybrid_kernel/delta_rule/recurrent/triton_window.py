@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sgl_hybrid_kernel.delta_rule.triton_recurrent import RECORD_STORE_CACHE, _elem, _row, _softplus
+from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import RECORD_STORE_CACHE, _elem, _row, _softplus
 
 
 @triton.jit

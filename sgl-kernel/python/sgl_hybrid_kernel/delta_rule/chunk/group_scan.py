@@ -16,7 +16,7 @@ docs/kernels.md):
 Cost: the summaries redo the group's recurrence on ``V + K`` columns, so the state
 pass does ~3x the arithmetic of the plain pass in exchange for ``G``-fold parallelism
 and a ``G``-fold shorter serial chain. The plain-torch twin of the same mode is
-``group_scan_reference.prefill_group_scan_torch`` (per sequence: ``group_scan_sequence``).
+``naive.prefill_group_scan_torch`` (per sequence: ``group_scan_sequence``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import triton
 
-from sgl_hybrid_kernel.delta_rule.seq_plan import BC, BT, SeqPlan, int32_to_device, seq_plan
-from sgl_hybrid_kernel.delta_rule.triton_chunk_group_scan import (
+from sgl_hybrid_kernel.delta_rule.chunk.seq_plan import BC, BT, SeqPlan, int32_to_device, seq_plan
+from sgl_hybrid_kernel.delta_rule.chunk.triton_chunk_group_scan import (
     chunk_group_final_kernel,
     chunk_group_scan_kernel,
     chunk_group_summary_kernel,
@@ -119,7 +119,7 @@ def group_scan_launch_params(kind: int, H: int, HV: int, K: int, V: int, l2norm:
                              launch) -> Dict[str, Tuple[object, Dict[str, object], int, tuple]]:
     """``{"summary" | "scan" | "final": (kernel, constexprs, num_warps, grid_tail)}`` as launched by
     :func:`run_group_scan_state_pass`; ``compile_gate`` compiles the same dicts. ``launch``: the
-    device's ``chunk_parallel.ChunkLaunch`` — the summary takes ``group_kd`` / ``group_warps`` (0: the
+    device's ``chunk.parallel.ChunkLaunch`` — the summary takes ``group_kd`` / ``group_warps`` (0: the
     state pass's key block and warps) and the state pass's value tile (no checkpoints); the scan the same key block, with ``tf32x3`` products
     when ``tf32`` (CUDA: FP32-level error, IEEE FP32 dots spill on sm_90) else IEEE FP32.
     Cached per argument tuple and :data:`SUMMARY_BV_OVERRIDE`: do not mutate the result."""
@@ -166,7 +166,7 @@ def run_group_scan_state_pass(
     launch,
 ) -> None:
     """The group-scan replacement of ``chunk_state_kernel``'s one launch (called by
-    ``chunk_parallel.gated_delta_chunk_parallel`` when ``group_chunks`` is set).
+    ``chunk.parallel.gated_delta_chunk_parallel`` when ``group_chunks`` is set).
 
     ``kg``: the decayed keys ``chunk_intra_kernel`` wrote (the replay's state update).
     Same outputs as the plain state pass: ``h`` ``[NC, HV, K, V]`` chunk-start states,
