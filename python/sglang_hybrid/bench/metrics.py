@@ -28,6 +28,51 @@ def _ratio(num: float, den: float) -> Optional[float]:
     return float(num) / float(den) if den else None
 
 
+class _NoRetokenize:
+    """Stands in for the tokenizer upstream's ``calculate_metrics`` retokenizes generated text with
+    (only for its ``*_retokenized`` fields, which we do not report: our token counts are the server's)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return []
+
+
+def sglang_serving_metrics(results: Sequence[RequestResult], wall_time_s: float) -> Optional[Dict[str, Any]]:
+    """Latency and throughput statistics as ``python -m sglang.bench_serving`` computes them: upstream's
+    ``sglang.benchmark.serving.calculate_metrics`` run on our requests (issue 44: the well-kept tool's
+    definitions, so figures compare 1:1 with upstream's benchmark).
+
+    Each successful :class:`RequestResult` becomes upstream's ``RequestFuncOutput``: ``ttft``,
+    ``latency`` = E2E, ``output_len`` = the server's token count, ``start_time``, and ``itl`` as upstream's
+    own streaming client records it: each chunk gap divided by the tokens of the chunk that ends it,
+    once per token (token-weighted; :func:`burst_normalised_itl` is the per-chunk version). Input
+    lengths come from the requests (``prompt_len``).
+
+    Returns upstream's ``BenchmarkMetrics`` fields as a dict (its units: milliseconds, tokens/s,
+    requests/s), or None when no request succeeded or ``wall_time_s`` <= 0.
+    """
+    ok = [r for r in results if r.success and r.ttft is not None and r.e2e_latency is not None]
+    if not ok or wall_time_s <= 0:
+        return None
+    from dataclasses import asdict as _asdict
+
+    from sglang.benchmark.datasets import DatasetRow
+    from sglang.benchmark.serving import RequestFuncOutput, calculate_metrics
+
+    outputs, rows, ok_ids = [], [], {id(r) for r in ok}
+    for r in results:
+        out = RequestFuncOutput(prompt_len=r.input_len)
+        rows.append(DatasetRow(prompt=None, prompt_len=r.input_len, output_len=r.output_len,
+                               text_prompt_len=r.input_len, vision_prompt_len=0))
+        if id(r) in ok_ids:
+            out.success, out.ttft, out.latency = True, r.ttft, r.e2e_latency
+            out.output_len, out.start_time = r.output_tokens, r.start_time or 0.0
+            out.itl = [gap / n for gap, n in zip(r.itl, r.chunk_tokens[1:]) if n > 0 for _ in range(n)]
+        outputs.append(out)
+    metrics, _ = calculate_metrics(rows, outputs, wall_time_s, _NoRetokenize(), "sglang")
+    return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in _asdict(metrics).items()
+            if "retokenized" not in k}
+
+
 def summarize(
     results: List[RequestResult],
     wall_time_s: float,
@@ -37,10 +82,14 @@ def summarize(
 
     ``theoretical`` is ``(matched tokens, input tokens)`` from
     ``trace.theoretical_reuse``. Token totals and reuse count successful
-    requests only. ITL percentiles pool every inter-chunk gap of every
-    successful request; interactivity is ``1 / P90 ITL`` (tokens/s seen by
-    one user during decode, TTFT excluded). TPOT is per request:
-    ``(e2e - ttft) / (output_tokens - 1)``.
+    requests only. TTFT, TPOT (per request: ``(e2e - ttft) / (output_tokens - 1)``)
+    and E2E percentiles and the throughputs are upstream's
+    (:func:`sglang_serving_metrics`, also kept whole under
+    ``sglang_bench_serving``); ``itl_token_*`` is upstream's token-weighted
+    ITL. What upstream lacks stays ours: ``itl_*`` percentiles pool every
+    inter-chunk gap of every successful request, interactivity is
+    ``1 / P90 ITL`` (tokens/s seen by one user during decode, TTFT excluded),
+    and the reuse accounting.
     """
     ok = [r for r in results if r.success]
     input_tokens = sum(r.input_len for r in ok)
@@ -54,14 +103,10 @@ def summarize(
     theo = _ratio(theoretical[0], theoretical[1])
     reuse_ratio = achieved / theo if (achieved is not None and theo) else None
 
-    ttft = percentiles([r.ttft for r in ok if r.ttft is not None])
+    up = sglang_serving_metrics(results, wall_time_s) or {}
     itl_all = [g for r in ok for g in r.itl]
     itl = percentiles(itl_all)
-    tpot = percentiles(
-        [(r.e2e_latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    )
     chunks = [c for r in ok for c in r.chunk_tokens]
-    e2e = percentiles([r.e2e_latency for r in ok if r.e2e_latency is not None])
     wall = wall_time_s if wall_time_s > 0 else None
 
     return {
@@ -81,19 +126,28 @@ def summarize(
         "total_token_throughput": _ratio(input_tokens + output_tokens, wall) if wall else None,
         "output_token_throughput": _ratio(output_tokens, wall) if wall else None,
         "request_throughput": _ratio(len(ok), wall) if wall else None,
-        "ttft_p50_s": ttft[50],
-        "ttft_p90_s": ttft[90],
-        "ttft_p99_s": ttft[99],
+        "ttft_p50_s": _s(up, "median_ttft_ms"),
+        "ttft_p90_s": _s(up, "p90_ttft_ms"),
+        "ttft_p99_s": _s(up, "p99_ttft_ms"),
         "itl_p50_s": itl[50],
         "itl_p90_s": itl[90],
         "itl_p99_s": itl[99],
-        "tpot_p50_s": tpot[50],
-        "tpot_p90_s": tpot[90],
-        "e2e_p50_s": e2e[50],
-        "e2e_p90_s": e2e[90],
+        "itl_token_p50_s": _s(up, "median_itl_ms"),
+        "itl_token_p90_s": _s(up, "p90_itl_ms"),
+        "tpot_p50_s": _s(up, "median_tpot_ms"),
+        "tpot_p90_s": _s(up, "p90_tpot_ms"),
+        "e2e_p50_s": _s(up, "median_e2e_latency_ms"),
+        "e2e_p90_s": _s(up, "p90_e2e_latency_ms"),
         "interactivity_p90_tok_s_user": (1.0 / itl[90]) if itl[90] else None,
         "mean_tokens_per_chunk": float(np.mean(chunks)) if chunks else None,
+        "sglang_bench_serving": up or None,
     }
+
+
+def _s(up: Dict[str, Any], key: str) -> Optional[float]:
+    """Upstream's millisecond figure ``key`` in seconds (None when absent)."""
+    v = up.get(key)
+    return None if v is None else v / 1000.0
 
 
 # (key, label, unit, scale) for the printed table
@@ -201,26 +255,22 @@ def summarize_window(
       ``wall_time_s`` (tokens/s, aggregate over all streams);
     - ``decode_rate_p50_tok_s``: median of :func:`decode_rate` over successful
       requests (tokens/s per request; own denominator);
-    - ``ttft_p50_s``, ``ttft_p99_s``, ``ttft_max_s``: TTFT (s);
+    - ``ttft_p50_s``, ``ttft_p99_s``: TTFT (s), upstream's :func:`sglang_serving_metrics`; ``ttft_max_s`` ours;
     - ``itl_burst_norm_p50_s``, ``_p99_s``: :func:`burst_normalised_itl` (s/token, proxy);
     - ``chunk_gap_p50_s``, ``_p99_s``, ``_max_s``: :func:`chunk_gaps` (s);
-    - ``tpot_p50_s``: (E2E − TTFT) / (output tokens − 1), median (s/token);
+    - ``tpot_p50_s``: (E2E − TTFT) / (output tokens − 1), median (s/token), upstream's;
+    - ``sglang_bench_serving``: upstream's whole ``BenchmarkMetrics`` of the window (ms);
     - ``num_requests``, ``num_success``, ``num_errors``, ``output_tokens``,
       ``mean_tokens_per_chunk``, ``tail_s`` (= wall time − window).
     """
     ok = [r for r in results if r.success]
     out_tokens = sum(r.output_tokens for r in ok)
     ttfts = [r.ttft for r in ok if r.ttft is not None]
-    ttft = percentiles(ttfts, (50, 99))
+    up = sglang_serving_metrics(results, wall_time_s) or {}
     rates = [x for x in (decode_rate(r) for r in ok) if x is not None]
     bn = percentiles(burst_normalised_itl(ok), (50, 99))
     gaps_all = chunk_gaps(ok)
     gaps = percentiles(gaps_all, (50, 99))
-    tpot = percentiles(
-        [(r.e2e_latency - r.ttft) / (r.output_tokens - 1) for r in ok
-         if r.output_tokens > 1 and r.ttft is not None and r.e2e_latency is not None],
-        (50,),
-    )
     chunks = [c for r in ok for c in r.chunk_tokens]
     return {
         "concurrency": concurrency,
@@ -233,16 +283,17 @@ def summarize_window(
         "output_tokens": out_tokens,
         "output_token_throughput": _ratio(out_tokens, wall_time_s) if wall_time_s > 0 else None,
         "decode_rate_p50_tok_s": float(np.median(rates)) if rates else None,
-        "ttft_p50_s": ttft[50],
-        "ttft_p99_s": ttft[99],
+        "ttft_p50_s": _s(up, "median_ttft_ms"),
+        "ttft_p99_s": _s(up, "p99_ttft_ms"),
         "ttft_max_s": max(ttfts) if ttfts else None,
         "itl_burst_norm_p50_s": bn[50],
         "itl_burst_norm_p99_s": bn[99],
         "chunk_gap_p50_s": gaps[50],
         "chunk_gap_p99_s": gaps[99],
         "chunk_gap_max_s": max(gaps_all) if gaps_all else None,
-        "tpot_p50_s": tpot[50],
+        "tpot_p50_s": _s(up, "median_tpot_ms"),
         "mean_tokens_per_chunk": float(np.mean(chunks)) if chunks else None,
+        "sglang_bench_serving": up or None,
     }
 
 

@@ -16,7 +16,7 @@ from replay_fake_server import SERVER_INFO, FakeServer, common_prefix_len  # noq
 
 from sglang_hybrid.bench import replay  # noqa: E402
 from sglang_hybrid.bench.client import RequestResult, _TokenCounter  # noqa: E402
-from sglang_hybrid.bench.metrics import summarize  # noqa: E402
+from sglang_hybrid.bench.metrics import sglang_serving_metrics, summarize  # noqa: E402
 from sglang_hybrid.bench.trace import (  # noqa: E402
     DEFAULT_TRACE_PATH,
     PromptSynthesizer,
@@ -155,6 +155,29 @@ class TestMetrics(unittest.TestCase):
         self.assertAlmostEqual(s["request_throughput"], 1.0)
         # TPOT = (e2e - ttft) / (out - 1): 0.03 and 0.08 -> P50 0.055
         self.assertAlmostEqual(s["tpot_p50_s"], 0.055)
+
+    def test_upstream_bench_serving_metrics_on_our_requests(self):
+        # chunks of 1, 2 and 1 tokens: upstream's client records each gap / tokens once per token
+        r0 = RequestResult(0, 0.0, 100, 4, output_tokens=4, ttft=0.2, itl=[0.1, 0.04],
+                           chunk_tokens=[1, 2, 1], e2e_latency=0.34, start_time=0.0, success=True)
+        r1 = RequestResult(1, 0.0, 50, 2, output_tokens=2, ttft=0.4, itl=[0.02], chunk_tokens=[1, 1],
+                           e2e_latency=0.42, start_time=0.1, success=True)
+        bad = RequestResult(2, 0.0, 999, 4, success=False, error="HTTP 400: x")
+        up = sglang_serving_metrics([r0, r1, bad], wall_time_s=1.0)
+        self.assertEqual(up["completed"], 2)
+        self.assertEqual(up["total_input"], 150)  # the failed request's input is not counted
+        self.assertEqual(up["total_output"], 6)
+        # token ITLs: 0.05, 0.05 (r0's 2-token chunk), 0.04 (r0), 0.02 (r1) -> median 0.045 s
+        self.assertAlmostEqual(up["median_itl_ms"], 45.0)
+        self.assertAlmostEqual(up["max_itl_ms"], 50.0)
+        # TPOT per request: (0.34 - 0.2) / 3 and (0.42 - 0.4) / 1 -> mean 0.0567 s
+        self.assertAlmostEqual(up["mean_tpot_ms"], 1000 * ((0.14 / 3) + 0.02) / 2)
+        s = summarize([r0, r1, bad], wall_time_s=1.0, theoretical=(0, 150))
+        self.assertAlmostEqual(s["itl_token_p50_s"], 0.045)
+        self.assertAlmostEqual(s["ttft_p50_s"], 0.3)
+        self.assertAlmostEqual(s["e2e_p50_s"], 0.38)
+        self.assertAlmostEqual(s["itl_p50_s"], 0.04)  # ours: per chunk gap (0.1, 0.04, 0.02)
+        self.assertIsNone(sglang_serving_metrics([bad], wall_time_s=1.0))
 
     def test_token_counter_fallback(self):
         cum = _TokenCounter()
