@@ -214,3 +214,21 @@ def test_gpu_extend_path_hands_the_host_lengths_to_the_kernel(monkeypatch):
     assert seen["lens"] == [3, 0, 5]
     with pytest.raises((NotImplementedError, RuntimeError)):
         extend_lengths(cu_meta)
+
+
+def test_extend_asks_the_prefill_dispatcher_with_the_gdn_gate(monkeypatch):
+    """The served GDN extend hands the dispatcher the GDN gate kind, so the start-up
+    ``kernel path: delta_rule_prefill`` line carries the chunk plan of the GDN gate (issue 43)."""
+    from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN
+
+    seen = []
+    monkeypatch.setattr(gdn_kernel, "choose_chunk", lambda q, v, s, *a: seen.append(a) or "torch")
+    N, HV, KK = 4, 2, 16
+    q, k = torch.randn(1, N, HV, KK), torch.randn(1, N, HV, KK)
+    v = torch.randn(1, N, HV, KK)
+    g, beta = -torch.rand(1, N, HV), torch.rand(1, N, HV)
+    SglHybridGDNKernel(False).extend(q, k, v, g, beta, ssm_states=torch.zeros(1, HV, KK, KK),
+                                     cache_indices=torch.tensor([0], dtype=torch.int32),
+                                     query_start_loc=torch.tensor([0, N], dtype=torch.int32),
+                                     extend_seq_lens_cpu=[N])
+    assert seen == [(GATE_GDN,)]

@@ -163,3 +163,22 @@ def test_extend_host_inputs_do_not_read_the_device():
     assert extend_lengths(torch.tensor([0, 3, 3, 8], dtype=torch.int32), [1, 2]) == [3, 0, 5]
     with pytest.raises((NotImplementedError, RuntimeError)):  # without the list: one read of cu
         extend_lengths(cu_meta, None)
+
+
+def test_extend_asks_the_prefill_dispatcher_with_the_kda_gate(monkeypatch):
+    """The served KDA extend hands the dispatcher its gate kind and bound, so the start-up
+    ``kernel path: delta_rule_prefill`` line carries the chunk plan of K3's gate (issue 43)."""
+    from sgl_hybrid_kernel.delta_rule.gate import gate_kind
+
+    seen = []
+    monkeypatch.setattr(kda_kernel, "choose_chunk", lambda q, v, s, *a: seen.append(a) or "torch")
+    gen = torch.Generator().manual_seed(9)
+    N = 5
+    q, k, v = (torch.randn(1, N, H, K, generator=gen) for _ in range(3))
+    g, beta = torch.randn(1, N, H, K, generator=gen), torch.randn(1, N, H, generator=gen)
+    A_log, dt_bias = _params(gen)
+    SglHybridKDAKernel(False).extend(
+        q, k, v, g, beta, ssm_states=torch.zeros(1, H, K, K), cache_indices=torch.tensor([0], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, N], dtype=torch.int32), A_log=A_log, dt_bias=dt_bias, lower_bound=LB,
+        beta_is_raw=True, extend_seq_lens_cpu=[N])
+    assert seen == [(gate_kind("kda", LB), LB)]

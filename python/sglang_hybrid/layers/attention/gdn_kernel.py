@@ -129,7 +129,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
             NotImplementedError: ``inplace_update=False`` (multi-item scoring) or FlashInfer checkpoint plans.
         """
         if (q.device.type != "cpu" and not self.force_triton and kwargs.get("track_state") is None
-                and choose_chunk(q[0], v[0], ssm_states) != "triton"):
+                and choose_chunk(q[0], v[0], ssm_states, GATE_GDN) != "triton"):
             # Outside the contract: upstream's kernel. Not with a
             # track request: upstream's kernel ignores track_state, which we declare we fill.
             count_call("gdn_extend", "upstream")
@@ -150,7 +150,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
         track_state = kwargs.get("track_state")
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         out = kwargs.get("output")
-        if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
+        if self.force_triton or choose_chunk(q2, v2, ssm_states, GATE_GDN) == "triton":
             count_call("gdn_extend", "triton")
             f, braw = raw_gdn_gates(g2, b2)
             zeros = torch.zeros(HV, dtype=torch.float32, device=q.device)

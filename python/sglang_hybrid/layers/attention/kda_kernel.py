@@ -128,7 +128,7 @@ class SglHybridKDAKernel(TritonKDAKernel):
         has_init = initial_state_flags(kwargs.get("extend_prefix_lens"), len(lens), q.device)
         track_state = kwargs.get("track_state")
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
-        if self.force_triton or choose_chunk(q2, v2, ssm_states) == "triton":
+        if self.force_triton or choose_chunk(q2, v2, ssm_states, gate_kind("kda", lower_bound), lower_bound) == "triton":
             count_call("kda_extend", "triton")
             o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
                                          cache_indices.to(torch.int32),
