@@ -70,6 +70,12 @@ def call_counts() -> Dict[str, int]:
         return dict(sorted(_CALLS.items()))
 
 
+def recorded_choice(op: str) -> Optional[KernelChoice]:
+    """The choice last recorded for ``op`` (the object :func:`record_choice` returned), or None."""
+    with _LOCK:
+        return _CHOICES.get(op)
+
+
 def chosen_paths() -> List[KernelChoice]:
     """All recorded choices, sorted by op name."""
     with _LOCK:

@@ -15,7 +15,7 @@ Contract of the Triton kernels (else: torch): key and value head dims <= 256,
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -27,10 +27,23 @@ from sgl_hybrid_kernel.delta_rule.recurrent.rules import (TOKPREP_MAX_TOKENS_GDN
 from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN, GATE_KDA_SAFE
 from sgl_hybrid_kernel.delta_rule.recurrent.triton_recurrent import TRITON_VERSION
 from sgl_hybrid_kernel.delta_rule.recurrent.triton_lanes import lanes_v_first
-from sgl_hybrid_kernel.dispatch import record_choice
+from sgl_hybrid_kernel.dispatch import KernelChoice, count_call, record_choice, recorded_choice
 from sgl_hybrid_kernel.platform import Target
 
 logger = logging.getLogger(__name__)
+
+# The Triton choice recorded per (op, what decides it): a later call with the same key, while that
+# choice is still the op's record, is only counted; its reason (the rules, tables and the first
+# call's plan) is not rebuilt on every decode / prefill call, nor logged again per shape.
+_RECORDED: Dict[Tuple, KernelChoice] = {}
+
+
+def _already_recorded(key: Tuple) -> bool:
+    first = _RECORDED.get(key)
+    if first is not None and recorded_choice(key[0]) is first:
+        count_call(first.op, first.impl)
+        return True
+    return False
 
 MAX_HEAD_DIM = 256
 
@@ -68,6 +81,9 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, toke
         record_choice("delta_rule_decode", "torch", f"outside the Triton contract: {why}", log=logger)
         return "torch"
     target = Target.of(q.device)
+    key = ("delta_rule_decode", target, gate_kind, state_layout)
+    if _already_recorded(key):
+        return "triton"
     tuning = target_tuning(target)
     tiles = (f"value tiles tuned for {tuning.name} ({tuning.source})" if tuning.tuned
              else f"no tuned value-tile table for this device: {tuning.name}, {tuning.source}")
@@ -92,8 +108,8 @@ def choose_recurrent(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, toke
                                                                       target=target).describe()
         except ValueError as exc:  # a shape the wrapper will refuse anyway; the log says why
             first = f"; no plan for the first call ({exc})"
-    record_choice("delta_rule_decode", f"triton:{tuning.name}", f"{kind}: triton_recurrent ({paths}); {tiles}{first}",
-                  log=logger)
+    _RECORDED[key] = record_choice("delta_rule_decode", f"triton:{tuning.name}",
+                                   f"{kind}: triton_recurrent ({paths}); {tiles}{first}", log=logger)
     return "triton"
 
 
@@ -111,6 +127,9 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, gate_kin
         record_choice("delta_rule_prefill", "torch", f"outside the Triton contract: {why}", log=logger)
         return "torch"
     target = Target.of(q.device)
+    key = ("delta_rule_prefill", target, kind, q.dtype, v.shape[-2], v.shape[-1], gate_kind, lower_bound)
+    if _already_recorded(key):
+        return "triton"
     plan = plan_chunk([4096], v.shape[-2], v.shape[-1], GATE_KDA_SAFE if gate_kind is None else gate_kind,
                       -5.0 if gate_kind is None else lower_bound, q.dtype, target)
     shown = "" if gate_kind is None else f"; plan: {plan.describe()}"
@@ -118,14 +137,16 @@ def choose_chunk(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, gate_kin
         launch = plan.launch
         timed = "timed" if launch.tuned else "untimed"
         products = "FP32 products" if kind == "rocm" else "TF32 products, FP32 inverse"
-        record_choice("delta_rule_prefill", f"triton:chunk64:{launch.name}",
-                      f"{kind}: triton_chunk_parallel (chunk 64, {products}), launch table {launch.name} "
-                      f"({timed}; {launch.source}){_state_tiles(launch)}{shown}", log=logger)
+        _RECORDED[key] = record_choice("delta_rule_prefill", f"triton:chunk64:{launch.name}",
+                                       f"{kind}: triton_chunk_parallel (chunk 64, {products}), launch table "
+                                       f"{launch.name} ({timed}; {launch.source}){_state_tiles(launch)}{shown}",
+                                       log=logger)
         return "triton"
     arch = target.arch
-    record_choice("delta_rule_prefill", "triton:bt16-bv32-w8",
-                  f"cuda, FP32 activations: triton_chunk BT=16 BV=32 num_warps=8 (FP32 products; measured on sm90, "
-                  f"not in the compile gate's spill-free set{'' if arch == 'sm90' else f'; untuned on {arch}'})", log=logger)
+    _RECORDED[key] = record_choice(
+        "delta_rule_prefill", "triton:bt16-bv32-w8",
+        f"cuda, FP32 activations: triton_chunk BT=16 BV=32 num_warps=8 (FP32 products; measured on sm90, "
+        f"not in the compile gate's spill-free set{'' if arch == 'sm90' else f'; untuned on {arch}'})", log=logger)
     return "triton"
 
 
