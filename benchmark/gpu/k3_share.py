@@ -5,7 +5,7 @@ hidden 7168; MLA 12 heads (latent 512, rope 64); KDA 12 heads of 128; three KDA 
 layer; layer 0 dense (its MLP the TP8 share of 18432); the routed experts one GPU holds under EP8
 (``experts``) with the routed picks that land on it (``top_k``). Weights are not written: the
 servers load it with ``--load-format dummy`` (random weights), so outputs are meaningless and only
-speed is measured.
+speed is measured. Also the GPU benchmarks' one server query (:func:`plugin_state`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Dict
+
+import requests
 
 
 def k3_share_config(vocab_size: int, bos: int, eos: int, experts: int, top_k: int, moe_inter: int, layers: int) -> Dict:
@@ -54,3 +56,10 @@ def write_model(out: str, args) -> Dict:
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     return cfg
+
+
+def plugin_state(base: str) -> Dict:
+    """The plugin's entry of the first scheduler in ``GET {base}/get_server_info`` (``kernel_paths``,
+    ``kernel_calls``, ...; empty when absent)."""
+    states = requests.get(f"{base}/get_server_info", timeout=30).json().get("internal_states") or [{}]
+    return states[0].get("sglang_hybrid", {})

@@ -45,7 +45,7 @@ import requests
 from sglang_hybrid.bench.manifest import git_commit, git_dirty, machine_info, package_versions
 from sglang_hybrid.bench.server import LaunchedServer
 
-from k3_share import add_model_args, write_model  # noqa: E402  (this folder: the script's own directory is on sys.path)
+from k3_share import add_model_args, plugin_state, write_model  # noqa: E402  (this folder: the script's own directory is on sys.path)
 
 ALL_UPSTREAM = "moe_routing,attn_res,kda_fused_decode"
 VARIANTS = {
@@ -159,10 +159,6 @@ def _decode(base: str, C: int, input_len: int, output_len: int, seed: int, profi
     return results
 
 
-def _plugin_state(base: str) -> Dict:
-    states = requests.get(f"{base}/get_server_info", timeout=30).json().get("internal_states") or [{}]
-    return states[0].get("sglang_hybrid", {})
-
 
 def run_variant(name: str, model: str, args, log_dir: str) -> Dict:
     flags, env = VARIANTS[name]
@@ -176,7 +172,7 @@ def run_variant(name: str, model: str, args, log_dir: str) -> Dict:
                         log_path=os.path.join(log_dir, f"server-{name}.log")) as srv:
         base = srv.base_url
         _decode(base, max(args.concurrency), 64, 8, 0)  # warm-up: graphs and kernels compiled
-        out["kernel_paths"] = _plugin_state(base).get("kernel_paths")
+        out["kernel_paths"] = plugin_state(base).get("kernel_paths")
         for C in args.concurrency:
             res = _decode(base, C, args.input_len, args.output_len, C)
             gaps = [g for r in res for g in r.gaps]
@@ -191,7 +187,7 @@ def run_variant(name: str, model: str, args, log_dir: str) -> Dict:
             print(f"{name:17s} C={C:<3d} step {row['step_us']:8.1f} us  ITL p50 {row['itl_ms_p50']:.3f} ms  "
                   f"{row['tok_s']:8.1f} tok/s  " + "  ".join(f"{k} {v:.1f}" for k, v in row["by_op_us"].items()),
                   flush=True)
-        out["kernel_calls"] = _plugin_state(base).get("kernel_calls")
+        out["kernel_calls"] = plugin_state(base).get("kernel_calls")
     return out
 
 

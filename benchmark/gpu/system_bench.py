@@ -53,15 +53,13 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-import requests
-
 from sglang_hybrid.bench import abbench, sweep, trace_gen
 from sglang_hybrid.bench.manifest import git_commit, git_dirty, machine_info, model_config_hash, package_versions
 from sglang_hybrid.bench.metrics import interpolate_at_interactivity
 from sglang_hybrid.bench.server import LaunchedServer, cpu_server_args
 from sglang_hybrid.bench.trace import load_trace, scale_request, theoretical_reuse
 
-from k3_share import add_model_args, write_model  # noqa: E402  (this folder: the script's own directory is on sys.path)
+from k3_share import add_model_args, plugin_state, write_model  # noqa: E402  (this folder: the script's own directory is on sys.path)
 
 ALL_UPSTREAM = "moe_routing,attn_res,kda_fused_decode"
 OUR_KERNELS = ["--attention-backend", "sgl_hybrid_mla", "--linear-attn-backend", "sgl_hybrid"]
@@ -88,10 +86,6 @@ def _alive(srv: LaunchedServer, when: str) -> None:
     if rc is not None:
         raise RuntimeError(f"server exited with code {rc} {when}; log tail:\n{srv.log_tail(30)}")
 
-
-def _plugin_state(base: str) -> Dict:
-    states = requests.get(f"{base}/get_server_info", timeout=30).json().get("internal_states") or [{}]
-    return states[0].get("sglang_hybrid", {})
 
 
 def reuse_over_time(rows: List[Dict[str, Any]], bin_s: float) -> List[Dict[str, Any]]:
@@ -145,7 +139,7 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
     with LaunchedServer(model, server_args, env=env, timeout=args.boot_timeout, log_path=log) as srv:
         base = srv.base_url
         out["boot_s"] = round(time.perf_counter() - t0, 1)
-        out["kernel_paths"] = _plugin_state(base).get("kernel_paths")
+        out["kernel_paths"] = plugin_state(base).get("kernel_paths")
         common = ["--base-url", base, "--api", "sglang", "--model-path", model, "--server-log", log]
         _alive(srv, "before abbench")
         ab = abbench.main([*common, "--concurrency", ",".join(map(str, args.ab_concurrency)),
@@ -164,7 +158,7 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
                               "--output-json", os.path.join(work, f"sweep-{trace_name}-{name}.json")])
             out["sweeps"][trace_name] = _slim_sweep(doc, args.reuse_bin_s)
         _alive(srv, "after the sweeps")
-        out["kernel_calls"] = _plugin_state(base).get("kernel_calls")
+        out["kernel_calls"] = plugin_state(base).get("kernel_calls")
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
