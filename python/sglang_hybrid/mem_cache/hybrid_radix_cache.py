@@ -157,7 +157,6 @@ class HybridRadixCache(UnifiedRadixCache):
             self._prom.refresh(self)
         self.chunked_prefill_size = chunked_prefill_size
         self.metrics = CacheMetrics()
-        self._hash_cache: Dict[int, Tuple[int, bytes]] = {}
         self.kind_stored: Dict[str, int] = {}
         self.kind_hits: Dict[str, int] = {}
         self._node_kind: Dict[object, str] = {}
@@ -300,20 +299,21 @@ class HybridRadixCache(UnifiedRadixCache):
 
     # ----------------------------------------------------------- hashing
     def _node_end_hash(self, node) -> Tuple[int, bytes]:
-        """(depth, hash of tokens[0:depth]) at the end of ``node``."""
+        """(depth, hash of tokens[0:depth]) at the end of ``node``, cached on the node (a split keeps a
+        node's end, so its cached hash stays right; a deleted node takes its cache with it)."""
         root = self.tree_core.root_node
         chain = []
         x = node
-        while x is not root and x is not None and id(x) not in self._hash_cache:
+        while x is not root and x is not None and getattr(x, "_hyb_end_hash", None) is None:
             chain.append(x)
             x = x.parent
-        depth, h = (0, ROOT_HASH) if (x is root or x is None) else self._hash_cache[id(x)]
+        depth, h = (0, ROOT_HASH) if (x is root or x is None) else x._hyb_end_hash
         for n in reversed(chain):
             toks = n.key.token_ids
             for s in range(0, len(toks), self.page_size):
                 h = page_hash(h, toks[s : s + self.page_size])
             depth += len(toks)
-            self._hash_cache[id(n)] = (depth, h)
+            n._hyb_end_hash = (depth, h)
         return depth, h
 
     def _node_page_hashes(self, node) -> List[bytes]:
@@ -369,7 +369,6 @@ class HybridRadixCache(UnifiedRadixCache):
             if self.store is not None:
                 self._store_path_pages(node)
                 self._store_state(h, self._path_page_hashes(node))
-        self._hash_cache.pop(id(node), None)
 
     # ------------------------------------------------------------- store tier
     STORE_PENDING_MAX = 4096  # checkpoints in the store waiting for their pages (oldest dropped first)
@@ -492,6 +491,68 @@ class HybridRadixCache(UnifiedRadixCache):
         return True
 
     # ------------------------------------------------------------- match
+    def _scan_host(self, token_ids, node, dev: int, kv_dev: int):
+        """Host pages and checkpoints beyond the device match, no store tier: ``(kv_hit, host_resume,
+        hashes, base)`` where ``hashes[i - base]`` is the hash of page ``i``.
+
+        The hash chain starts at the resume node's end (cached on the tree nodes), and stops at the
+        first page past the device KV that the host does not hold: a match costs the pages it finds,
+        not the prompt length. Falls back to hashing from the root when the node does not end at ``dev``.
+        """
+        page = self.page_size
+        if isinstance(node, int):  # a NodeId (upstream's match results)
+            node = self.tree_core.node_by_id(node)
+        depth, h = self._node_end_hash(node) if node is not None else (0, ROOT_HASH)
+        if depth != dev or dev % page:
+            depth, h = 0, ROOT_HASH
+        base = depth // page
+        hashes: List[bytes] = []
+        kv_hit, host_resume = kv_dev, dev
+        for i in range(base, len(token_ids) // page):
+            h = page_hash(h, token_ids[i * page : (i + 1) * page])
+            hashes.append(h)
+            pos = (i + 1) * page
+            if pos > kv_dev and not self.host.has_page(h):
+                break
+            kv_hit = max(kv_hit, pos)
+            if pos > dev and self.host.has_checkpoint(h):
+                host_resume = pos
+        return kv_hit, host_resume, hashes, base
+
+    def _scan_host_and_store(self, token_ids, dev: int, kv_dev: int, load: bool):
+        """As :meth:`_scan_host` with the store tier too (whole-prompt hashes: the store is asked for
+        every page past the device KV in one call): ``(kv_hit, host_resume, from_store, hashes)``;
+        with ``load``, a store resume point is fetched into the host tier, and a failed fetch leaves
+        the device / host match alone."""
+        hashes = self.prefix_hashes(token_ids, len(token_ids))
+        k0 = kv_dev // self.page_size
+        store_kv = store_rp = [False] * len(hashes)
+        if hashes:
+            store_kv = [False] * k0 + self.store.exists("kv", hashes[k0:])
+            store_rp = [False] * k0 + self.store.exists("rp", hashes[k0:])
+        kv_hit, host_resume, from_store = kv_dev, dev, False
+        for i, h in enumerate(hashes):
+            pos = (i + 1) * self.page_size
+            if pos > kv_dev and not self.host.has_page(h) and not store_kv[i]:
+                break
+            kv_hit = max(kv_hit, pos)
+            if pos > dev and self.host.has_checkpoint(h):
+                host_resume, from_store = pos, False
+            elif pos > dev and store_rp[i]:
+                host_resume, from_store = pos, True
+        if from_store and load and not self._fetch_from_store(hashes, host_resume):
+            # a part could not be read (counted by the tier): the device / host match alone
+            kv_hit, host_resume = kv_dev, dev
+            for i, h in enumerate(hashes):
+                pos = (i + 1) * self.page_size
+                if pos > kv_dev and not self.host.has_page(h):
+                    break
+                kv_hit = max(kv_hit, pos)
+                if pos > dev and self.host.has_checkpoint(h):
+                    host_resume = pos
+            from_store = False
+        return kv_hit, host_resume, from_store, hashes
+
     def match_with_host(self, token_ids, *, load: bool = True) -> HostMatch:
         """Deepest resume point on device or host; with ``load``, brings a host one back.
 
@@ -509,35 +570,16 @@ class HybridRadixCache(UnifiedRadixCache):
             m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
             dev = m.device_prefix_len
             kv_dev = m.full_kv_hit_length
-            if not self.host.enabled:
+            if not self.host.enabled or (self.store is None and self.host.num_pages == 0
+                                         and self.host.num_checkpoints == 0):
+                # nothing beyond the device match to find, so no prompt hashing (about 1 us a page)
                 return HostMatch(dev, dev, 0, kv_dev, m.last_device_node, 0)
-            hashes = self.prefix_hashes(token_ids, len(token_ids))
-            k0 = kv_dev // self.page_size
-            store_kv = store_rp = [False] * len(hashes)
-            if self.store is not None and hashes:
-                store_kv = [False] * k0 + self.store.exists("kv", hashes[k0:])
-                store_rp = [False] * k0 + self.store.exists("rp", hashes[k0:])
-            kv_hit, host_resume, from_store = kv_dev, dev, False
-            for i, h in enumerate(hashes):
-                pos = (i + 1) * self.page_size
-                if pos > kv_dev and not self.host.has_page(h) and not store_kv[i]:
-                    break
-                kv_hit = max(kv_hit, pos)
-                if pos > dev and self.host.has_checkpoint(h):
-                    host_resume, from_store = pos, False
-                elif pos > dev and store_rp[i]:
-                    host_resume, from_store = pos, True
-            if from_store and load and not self._fetch_from_store(hashes, host_resume):
-                # a part could not be read (counted by the tier): the device / host match alone
-                kv_hit, host_resume = kv_dev, dev
-                for i, h in enumerate(hashes):
-                    pos = (i + 1) * self.page_size
-                    if pos > kv_dev and not self.host.has_page(h):
-                        break
-                    kv_hit = max(kv_hit, pos)
-                    if pos > dev and self.host.has_checkpoint(h):
-                        host_resume = pos
+            if self.store is None:
+                kv_hit, host_resume, hashes, base = self._scan_host(token_ids, m.last_device_node, dev, kv_dev)
                 from_store = False
+            else:
+                kv_hit, host_resume, from_store, hashes = self._scan_host_and_store(token_ids, dev, kv_dev, load)
+                base = 0
             store_len = host_resume - dev if from_store else 0
             if host_resume <= dev:
                 return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
@@ -561,8 +603,8 @@ class HybridRadixCache(UnifiedRadixCache):
             m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
             dev = m.device_prefix_len
             return HostMatch(dev, dev, 0, m.full_kv_hit_length, m.last_device_node, 0)
-        page_hashes = hashes[kv_dev // self.page_size : host_resume // self.page_size]
-        state_hash = hashes[host_resume // self.page_size - 1]
+        page_hashes = hashes[kv_dev // self.page_size - base : host_resume // self.page_size - base]
+        state_hash = hashes[host_resume // self.page_size - 1 - base]
         if self.host_payload is not None and not self.host_payload.has(page_hashes, state_hash):
             return HostMatch(dev, dev, 0, kv_hit, m.last_device_node, 0)
         for h in page_hashes:

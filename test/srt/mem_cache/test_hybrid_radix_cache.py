@@ -286,6 +286,72 @@ class TestHybridRadixCache(unittest.TestCase):
             run_request(cache, alloc, pool, toks(100 + i, 250))
         self.assertEqual(cache.match_with_host(sentinel).resume_len, 0)
 
+    def _host_filled(self):
+        """A cache whose host tier holds an evicted 260-token prompt (checkpoint at 256)."""
+        cache, alloc, pool = hybrid(budget=30_000 + 2 * STB, host=10**9)
+        run_request(cache, alloc, pool, toks(42, 260))
+        for i in range(6):
+            run_request(cache, alloc, pool, toks(100 + i, 250))
+        self.assertGreater(cache.host.num_checkpoints, 0)
+        return cache, alloc, pool
+
+    def test_host_match_hashes_only_the_pages_it_finds(self):
+        """A match with a non-empty host tier hashes from the device resume point on and stops at the
+        first page the host lacks: repeated matches of a long prompt cost a page or two, not the prompt
+        (the whole-prompt hash chain cost ~40 ms a request at 12k tokens on the serving path)."""
+        import sglang_hybrid.mem_cache.hybrid_radix_cache as mod
+
+        cache, alloc, pool = self._host_filled()
+        base = toks(7, 256)
+        run_request(cache, alloc, pool, base)  # device resume point at 256
+        prompt = toks(8, 2000, base=list(base))
+        calls = []
+        real = mod.page_hash
+        mod.page_hash = lambda prev, t: calls.append(1) or real(prev, t)
+        try:
+            first = cache.match_with_host(prompt, load=False)
+            n_first = len(calls)
+            calls.clear()
+            again = cache.match_with_host(prompt, load=False)
+        finally:
+            mod.page_hash = real
+        self.assertEqual(first.resume_len, 256)
+        self.assertEqual(again, first)
+        self.assertLessEqual(n_first, 256 // PAGE + 1)  # the resume node's chain once, then one page
+        self.assertEqual(len(calls), 1)  # the chain is cached on the node: one page past the resume point
+
+    def test_host_match_equals_whole_prompt_scan(self):
+        """Oracle: the deepest host resume point found by scanning the whole prompt's page hashes
+        (every page up to it on the device or the host, a host checkpoint at it) and the KV hit."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams as MP
+
+        rng = __import__("random").Random(5)
+        cache, alloc, pool = self._host_filled()
+        prompts = [toks(42, 260)] + [toks(100 + i, 250) for i in range(6)]
+        host_found = 0
+        for step in range(40):
+            if rng.random() < 0.5:
+                p = array("q", prompts[rng.randrange(len(prompts))][: rng.randrange(64, 250)])
+                p.extend(toks(1000 + step, rng.randrange(1, 200)))
+                prompts.append(p)
+                run_request(cache, alloc, pool, p)
+            probe = prompts[rng.randrange(len(prompts))]
+            probe = array("q", probe[: rng.randrange(16, len(probe) + 1)])
+            m = cache.match_prefix(MP(key=RadixKey(probe)))
+            dev, kv_dev = m.device_prefix_len, m.full_kv_hit_length
+            kv_hit, resume = kv_dev, dev
+            for i, h in enumerate(cache.prefix_hashes(probe, len(probe))):
+                pos = (i + 1) * PAGE
+                if pos > kv_dev and not cache.host.has_page(h):
+                    break
+                kv_hit = max(kv_hit, pos)
+                if pos > dev and cache.host.has_checkpoint(h):
+                    resume = pos
+            hm = cache.match_with_host(probe, load=False)
+            self.assertEqual((hm.resume_len, hm.device_resume_len, hm.kv_hit_len), (resume, dev, kv_hit), step)
+            host_found += resume > dev
+        self.assertGreater(host_found, 0, "no probe reached a host resume point: the oracle compared nothing")
+
     def test_dcp_widened_page_keeps_checkpoint_depth_equal_node_depth(self):
         """Case K8 at the tree level: page 64 x DCP 8 = tree page 512, state grid 64 -> checkpoint grid 512."""
         grid = checkpoint_grid(64, 64 * 8)
