@@ -47,6 +47,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -86,6 +87,31 @@ def _alive(srv: LaunchedServer, when: str) -> None:
     if rc is not None:
         raise RuntimeError(f"server exited with code {rc} {when}; log tail:\n{srv.log_tail(30)}")
 
+
+
+_COMPILE_RE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] Triton kernel '([^']+)' took ([\d.]+) s "
+                         r"to compile after serving started")
+
+
+def serving_compiles(log_path: str, phases: List[tuple]) -> List[Dict[str, Any]]:
+    """Upstream's "Triton kernel 'X' took Y s to compile after serving started" lines of a server log,
+    each with the driver phase it fell in (``phases``: ``(name, start, end)`` wall-clock seconds; the
+    log's local-time stamps have 1 s resolution; before every phase: ``boot``; none: ``between``)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read().replace("\0", "")
+    except OSError:
+        return []
+    out = []
+    for stamp, kernel, secs in _COMPILE_RE.findall(text):
+        t = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+        where = "boot" if not phases or t < phases[0][1] - 1 else "between"
+        for label, start, end in phases:
+            if start - 1 <= t <= end + 1:
+                where = label
+                break
+        out.append({"kernel": kernel, "s": float(secs), "at": stamp, "phase": where})
+    return out
 
 
 def reuse_over_time(rows: List[Dict[str, Any]], bin_s: float) -> List[Dict[str, Any]]:
@@ -136,29 +162,60 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {"variant": name, "what": what, "flags": server_args, "env": env}
     log = os.path.join(args.log_dir, f"server-{name}.log")
     t0 = time.perf_counter()
+    phases: List[tuple] = []  # (name, start, end) in wall-clock seconds, for the compile attribution
+
+    def phase(label: str, fn):
+        start = time.time()
+        try:
+            return fn()
+        finally:
+            phases.append((label, start, time.time()))
+
+    traces = (("mooncake", MOONCAKE, args.mooncake_requests), ("agentic", args.agentic_trace, args.agentic_requests))
     with LaunchedServer(model, server_args, env=env, timeout=args.boot_timeout, log_path=log) as srv:
         base = srv.base_url
         out["boot_s"] = round(time.perf_counter() - t0, 1)
         out["kernel_paths"] = plugin_state(base).get("kernel_paths")
         common = ["--base-url", base, "--api", "sglang", "--model-path", model, "--server-log", log]
+        if args.prime:
+            # unmeasured: every abbench C for a short window and the most loaded sweep point of each trace,
+            # so kernels Triton compiles for new shapes are compiled before anything is measured
+            _alive(srv, "before priming")
+            top = max(args.sweep_concurrency)
+            phase("prime", lambda: (
+                abbench.main([*common, "--concurrency", ",".join(map(str, args.ab_concurrency)), "--window", "2",
+                              "--output-len", str(args.ab_output_len), "--input-len", str(args.ab_input_len),
+                              "--warmup", "0", "--output-json", os.path.join(work, f"prime-abbench-{name}.json")]),
+                [sweep.main([*common, "--trace", path, "--num-requests", str(2 * top), "--length-scale",
+                             str(args.length_scale), "--max-output-len", str(args.max_output_len), "--concurrency",
+                             str(top), "--warmup", "0", "--no-progress",
+                             "--output-json", os.path.join(work, f"prime-{trace_name}-{name}.json")])
+                 for trace_name, path, _ in traces]))
         _alive(srv, "before abbench")
-        ab = abbench.main([*common, "--concurrency", ",".join(map(str, args.ab_concurrency)),
-                           "--window", str(args.ab_window), "--output-len", str(args.ab_output_len),
-                           "--input-len", str(args.ab_input_len), "--warmup", str(args.warmup),
-                           "--output-json", os.path.join(work, f"abbench-{name}.json")])
+        ab = phase("abbench", lambda: abbench.main(
+            [*common, "--concurrency", ",".join(map(str, args.ab_concurrency)),
+             "--window", str(args.ab_window), "--output-len", str(args.ab_output_len),
+             "--input-len", str(args.ab_input_len), "--warmup", str(args.warmup),
+             "--output-json", os.path.join(work, f"abbench-{name}.json")]))
         out["abbench"] = _slim_abbench(ab)
         out["sweeps"] = {}
-        for trace_name, path, n in (("mooncake", MOONCAKE, args.mooncake_requests),
-                                    ("agentic", args.agentic_trace, args.agentic_requests)):
+        for trace_name, path, n in traces:
             _alive(srv, f"before the {trace_name} sweep")
-            doc = sweep.main([*common, "--trace", path, "--num-requests", str(n),
-                              "--length-scale", str(args.length_scale), "--max-output-len", str(args.max_output_len),
-                              "--concurrency", ",".join(map(str, args.sweep_concurrency)), "--warmup", str(args.warmup),
-                              "--target-interactivity", str(args.target_interactivity), "--no-progress",
-                              "--output-json", os.path.join(work, f"sweep-{trace_name}-{name}.json")])
+            doc = phase(f"sweep-{trace_name}", lambda path=path, n=n, trace_name=trace_name: sweep.main(
+                [*common, "--trace", path, "--num-requests", str(n), "--requests-per-stream",
+                 str(args.requests_per_stream), "--length-scale", str(args.length_scale),
+                 "--max-output-len", str(args.max_output_len),
+                 "--concurrency", ",".join(map(str, args.sweep_concurrency)), "--warmup", str(args.warmup),
+                 "--target-interactivity", str(args.target_interactivity), "--no-progress",
+                 "--output-json", os.path.join(work, f"sweep-{trace_name}-{name}.json")]))
             out["sweeps"][trace_name] = _slim_sweep(doc, args.reuse_bin_s)
         _alive(srv, "after the sweeps")
         out["kernel_calls"] = plugin_state(base).get("kernel_calls")
+    out["serving_compiles"] = serving_compiles(log, phases)
+    measured = [c for c in out["serving_compiles"] if c["phase"] not in ("boot", "prime")]
+    if measured:
+        print(f"!! {name}: {len(measured)} Triton compile(s) while measuring, {sum(c['s'] for c in measured):.1f} s "
+              f"({', '.join(sorted({c['kernel'] for c in measured}))}): those points include the stall", flush=True)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -269,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-scale", type=float, default=0.125)
     p.add_argument("--max-output-len", type=int, default=64)
     p.add_argument("--target-interactivity", type=float, default=50.0)
+    p.add_argument("--requests-per-stream", type=int, default=8,
+                   help="sweep points replay at least this many requests per stream (C64: 512); 0: the fixed counts")
+    p.add_argument("--prime", action=argparse.BooleanOptionalAction, default=True,
+                   help="before measuring, drive every abbench C and the most loaded sweep point unmeasured, so "
+                        "Triton compiles for new shapes happen first (those still seen while measuring are "
+                        "recorded per phase in serving_compiles)")
     p.add_argument("--warmup", type=int, default=2, help="requests of the measured shapes sent first, not counted")
     p.add_argument("--reuse-bin-s", type=float, default=2.0)
     p.add_argument("--host-cache-gb", type=float, default=16.0)

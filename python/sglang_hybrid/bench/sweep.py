@@ -56,11 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="price of one GPU-hour in US dollars, for tokens per dollar")
     p.add_argument("--target-interactivity", type=float, default=50.0,
                    help="interactivity (tokens/s/user) at which to interpolate the throughput")
+    p.add_argument("--requests-per-stream", type=int, default=0,
+                   help="at least this many requests per concurrent stream at every point: a point at C replays "
+                        "the first max(--num-requests, N x C) requests, so loaded points last long enough to "
+                        "measure (0: --num-requests at every point)")
     p.add_argument("--same-seed", action="store_true",
                    help="use --seed for every point (default: --seed + point index)")
     p.add_argument("--output-json", default=None,
                    help="result file (default runs/sweep-<UTC timestamp>.json)")
     return p
+
+
+def requests_at(num_requests: Optional[int], per_stream: int, concurrency: int) -> Optional[int]:
+    """Requests replayed at one point: ``num_requests`` (None = the whole trace), raised to
+    ``per_stream x concurrency`` when ``per_stream`` > 0. Raises ValueError if ``per_stream`` < 0."""
+    if per_stream < 0:
+        raise ValueError(f"requests_per_stream must be >= 0, got {per_stream}")
+    if not per_stream or num_requests is None:
+        return num_requests
+    return max(num_requests, per_stream * concurrency)
 
 
 def derive_point(summary: Dict[str, Any], num_gpus: float, usd_per_gpu_hour: Optional[float]) -> Dict[str, Any]:
@@ -108,8 +122,9 @@ def run(args: argparse.Namespace, command: List[str]) -> Dict[str, Any]:
         a = copy.copy(args)
         a.concurrency = c
         a.seed = args.seed if args.same_seed else args.seed + i
+        a.num_requests = requests_at(args.num_requests, args.requests_per_stream, c)
         a.output_json = None
-        print(f">> sweep: concurrency {c} (seed {a.seed})", flush=True)
+        print(f">> sweep: concurrency {c} (seed {a.seed}, {a.num_requests or 'all'} requests)", flush=True)
         out = replay.run(a, command)
         if first_manifest is None:
             first_manifest = out["manifest"]

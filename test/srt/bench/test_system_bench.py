@@ -93,3 +93,44 @@ class TestShareAndVariants(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestServingCompiles(unittest.TestCase):
+    def test_compile_lines_are_attributed_to_the_phase_they_fell_in(self):
+        import tempfile
+        import time as _t
+
+        def stamp(t):
+            return _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(t))
+
+        t0 = 1_800_000_000.0  # whole seconds, local time in the log as upstream writes it
+        lines = [
+            f"[{stamp(t0 - 30)}] Triton kernel 'a' took 5.13 s to compile after serving started. Serving-time ...",
+            f"[{stamp(t0 + 5)}] some other line",
+            f"[{stamp(t0 + 12)}] Triton kernel 'chunk_state_kernel' took 1.29 s to compile after serving started. x",
+            f"\0\0[{stamp(t0 + 40)}] Triton kernel 'b' took 7.59 s to compile after serving started. x",
+            f"[{stamp(t0 + 70)}] Triton kernel 'c' took 2.00 s to compile after serving started. x",
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write("\n".join(lines))
+        phases = [("prime", t0, t0 + 20), ("abbench", t0 + 30, t0 + 50), ("sweep-mooncake", t0 + 60, t0 + 65)]
+        got = system_bench.serving_compiles(f.name, phases)
+        os.unlink(f.name)
+        self.assertEqual([(c["kernel"], c["s"], c["phase"]) for c in got],
+                         [("a", 5.13, "boot"), ("chunk_state_kernel", 1.29, "prime"), ("b", 7.59, "abbench"),
+                          ("c", 2.0, "between")])
+
+    def test_missing_log_gives_no_compiles(self):
+        self.assertEqual(system_bench.serving_compiles("/nonexistent/server.log", []), [])
+
+
+class TestRequestsPerStream(unittest.TestCase):
+    def test_points_replay_at_least_n_requests_per_stream(self):
+        from sglang_hybrid.bench.sweep import requests_at
+
+        self.assertEqual(requests_at(96, 8, 64), 512)
+        self.assertEqual(requests_at(96, 8, 8), 96)  # the fixed count is the floor
+        self.assertEqual(requests_at(96, 0, 64), 96)  # off
+        self.assertIsNone(requests_at(None, 8, 64))  # the whole trace already
+        with self.assertRaises(ValueError):
+            requests_at(96, -1, 8)
