@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence
 
 import gpu_cases
 from gpu_cases import (FLOODS, LOGPROBS, PROMPTS, calls, compare_continuations, continuation, generate, load_fixture,
@@ -217,11 +217,52 @@ class GpuServingChecks:
         self.assertRegex(log, r"sglang-hybrid warm-up: prompts of \d+ \(chunk \d+\) and \d+ tokens, a batch of 4, "
                               r"in [0-9.]+ s; cache flushed: True")
 
+    def test_no_kernel_of_ours_compiles_while_serving(self):
+        """After the start-up warm-up, none of our Triton kernels compiles inside a served request
+        (upstream's "took X s to compile after serving started" line; issue 41: the first H200 system
+        benchmark saw our chunk-prefill kernels compile there, 1-8 s each). The phases above serve single,
+        batched, cached and host-restored prompts of several lengths."""
+        import re
+
+        from sglang_hybrid.entrypoints.warmup import OUR_BACKENDS
+
+        if not any(a in names for names in OUR_BACKENDS.values() for a in self.server_args):
+            self.skipTest("no sgl_hybrid kernel backend selected")
+        ours = our_triton_kernel_names()
+        with open(self.server.log_path, errors="replace") as f:
+            log = f.read()
+        # upstream counts "serving" from before the warm-up requests: only what follows the warm-up's line
+        done = log.rfind("sglang-hybrid warm-up: prompts of")
+        self.assertGreaterEqual(done, 0, "the hybrid warm-up's line is missing from the server log")
+        late = re.findall(r"Triton kernel '([^']+)' took ([0-9.]+) s to compile after serving started", log[done:])
+        mine = [(k, s) for k, s in late if k in ours]
+        self.assertEqual(mine, [], f"our kernels compiled while serving (server log: {self.server.log_path})")
+
     def test_our_kernels_served(self):
         self.need("state")
         ran: Dict[str, int] = self.state.get("kernel_calls", {})
         for prefix in self.our_calls:
             self.assertTrue(calls(self.state, prefix), f"{prefix}: not among the kernel calls {ran}")
+
+
+def our_triton_kernel_names() -> set:
+    """Names of every ``@triton.jit`` function of the kernel package (its modules imported)."""
+    import importlib
+    import pkgutil
+
+    import sgl_hybrid_kernel
+
+    names = set()
+    for mod in pkgutil.walk_packages(sgl_hybrid_kernel.__path__, "sgl_hybrid_kernel."):
+        try:
+            m = importlib.import_module(mod.name)
+        except Exception:  # noqa: BLE001 - a module that needs aiter / a GPU library absent here
+            continue
+        for obj in vars(m).values():
+            fn = getattr(obj, "fn", None)
+            if callable(fn) and type(obj).__name__ in ("JITFunction", "InterpretedFunction"):
+                names.add(fn.__name__)
+    return names
 
 
 def tap_ok(row, tol: float) -> bool:

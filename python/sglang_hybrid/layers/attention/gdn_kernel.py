@@ -29,6 +29,7 @@ import logging
 import torch
 
 from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.chunk.variants import ensure_compiled as ensure_chunk_binaries
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
 from sgl_hybrid_kernel.delta_rule.gate import GATE_GDN
 from sgl_hybrid_kernel.delta_rule.ops import decode_torch
@@ -154,6 +155,7 @@ class SglHybridGDNKernel(TritonGDNKernel):
             count_call("gdn_extend", "triton")
             f, braw = raw_gdn_gates(g2, b2)
             zeros = torch.zeros(HV, dtype=torch.float32, device=q.device)
+            ensure_chunk_binaries(q2, k2, v2, f, braw, zeros, zeros, ssm_states, "gdn")
             o = gated_delta_chunk_triton(q2, k2, v2, f, braw, zeros, zeros, cu, ssm_states, cache_indices.to(torch.int32),
                                          has_init, "gdn",
                                          state_layout="vk", checkpoints=ckpts,

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from sgl_hybrid_kernel.delta_rule.chunk.wrapper import gated_delta_chunk_triton
+from sgl_hybrid_kernel.delta_rule.chunk.variants import ensure_compiled as ensure_chunk_binaries
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_chunk, choose_recurrent
 from sgl_hybrid_kernel.delta_rule.gate import gate_kind
 from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
@@ -130,6 +131,8 @@ class SglHybridKDAKernel(TritonKDAKernel):
         ckpts = plan_track_snapshots(track_state, kwargs.get("track_chunk_idx"), ssm_states, cache_indices, has_init)
         if self.force_triton or choose_chunk(q2, v2, ssm_states, gate_kind("kda", lower_bound), lower_bound) == "triton":
             count_call("kda_extend", "triton")
+            ensure_chunk_binaries(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states, "kda",
+                                  lower_bound)
             o = gated_delta_chunk_triton(q2, k2, v2, f, b2, A_log.reshape(-1), dt_bias.reshape(-1), cu, ssm_states,
                                          cache_indices.to(torch.int32),
                                          has_init, "kda", lower_bound,

@@ -1248,7 +1248,10 @@ def _state_at(S, vn, k_ptr, g_ptr, tok, tokc, m_t, rows, p, pr, rn, i_h, i_hv, k
         return S * tl.exp(Gp)[:, None] + _dot(tl.trans(kp), vn, TF32)
 
 
-@triton.jit
+# n_sub (16-token sub-chunks of the longest sequence) changes with the batch; only the checkpoint table is
+# indexed by it, so it is not specialised on divisibility (one binary instead of one per class, each compiled
+# on first sight while serving: five compiles of about 1.2 s in the first H200 system benchmark)
+@triton.jit(do_not_specialize=["n_sub"])
 def chunk_state_kernel(
     k_ptr,  # [N, H, K] (read only for checkpoints)
     g_ptr,  # chunk-local cumulative log decay (FP32)
