@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="result JSON (rewritten after every variant)")
     p.add_argument("--variants", default="upstream,ours,ours_kernels,ours_cache",
                    help=f"comma-separated, from {', '.join(VARIANTS)}; ratios are against 'upstream' (merged from "
-                        "--merge when this run has none)")
+                        "--merge when this run has none); a name given again runs again as name#2 (e.g. upstream "
+                        "first and last: upstream#2 / upstream is the baseline's drift over the run)")
     p.add_argument("--merge", default=None, help="an earlier result JSON whose variants join this one (same model)")
     add_model_args(p)
     p.add_argument("--ab-concurrency", type=abbench.parse_int_list, default=[1, 8, 32])
@@ -406,16 +407,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise SystemExit(f"--merge {args.merge}: a different model config")
         result["variants"].update(earlier.get("variants", {}))
         result["merged_from"] = {"file": os.path.basename(args.merge), "manifest": earlier.get("manifest")}
-    for name in names:
-        print(f"=== {name}: {VARIANTS[name][2]}", flush=True)
+    keys = run_keys(names, result["variants"])
+    for name, key in zip(names, keys):
+        print(f"=== {key}: {VARIANTS[name][2]}", flush=True)
         try:
-            result["variants"][name] = run_variant(name, model, args, work)
+            result["variants"][key] = run_variant(name, model, args, work)
         except Exception as e:  # keep the other variants' results; the error is recorded
             traceback.print_exc()
-            result["variants"][name] = {"variant": name, "error": repr(e)}
+            result["variants"][key] = {"variant": name, "error": repr(e)}
         _write(args.out, result, args.target_interactivity)
     _write(args.out, result, args.target_interactivity, show=True)
-    return 0 if all("error" not in result["variants"][n] for n in names) else 1
+    return 0 if all("error" not in result["variants"][k] for k in keys) else 1
+
+
+def run_keys(names: List[str], earlier: Dict[str, Any]) -> List[str]:
+    """Result keys of ``names`` in order: a variant's first run is its name, a repeat (in this run or
+    of a merged one) ``name#2``, ``name#3``, ... ``upstream#2`` against ``upstream`` (in ``vs_upstream``)
+    is the drift of the baseline over the run: 1.0 where nothing drifted."""
+    seen: Dict[str, int] = {}
+    for k in earlier:
+        base = k.split("#")[0]
+        seen[base] = seen.get(base, 0) + 1
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
 
 
 def _write(path: str, result: Dict[str, Any], target: float, show: bool = False) -> None:

@@ -134,3 +134,18 @@ class TestRequestsPerStream(unittest.TestCase):
         self.assertIsNone(requests_at(None, 8, 64))  # the whole trace already
         with self.assertRaises(ValueError):
             requests_at(96, -1, 8)
+
+
+class TestRepeatedVariants(unittest.TestCase):
+    def test_repeats_get_numbered_keys(self):
+        self.assertEqual(system_bench.run_keys(["upstream", "ours", "upstream"], {}), ["upstream", "ours", "upstream#2"])
+        # a merged result already holds upstream and ours: this run's are repeats
+        self.assertEqual(system_bench.run_keys(["ours", "upstream"], {"upstream": {}, "ours": {}}),
+                         ["ours#2", "upstream#2"])
+
+    def test_baseline_repeat_is_its_drift(self):
+        base = _variant([(1, 100.0)], [(8, 60.0, 1000.0), (64, 40.0, 3000.0)])
+        again = _variant([(1, 90.0)], [(8, 60.0, 1000.0), (64, 40.0, 2700.0)])
+        r = system_bench.compare(base, again, 50.0)
+        self.assertEqual(r["abbench_output_tok_s"], {"1": 0.9})
+        self.assertEqual(r["sweeps"]["mooncake"]["tok_s_per_gpu_by_concurrency"], {"8": 1.0, "64": 0.9})
