@@ -88,37 +88,6 @@ class RequestResult:
         return row
 
 
-class _TokenCounter:
-    """Cumulative completion-token count across ``/generate`` SSE chunks."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._prev_ids: List[int] = []
-        self.source: Optional[str] = None
-
-    def update(self, chunk: Dict[str, Any]) -> int:
-        """Return the number of new tokens in ``chunk``."""
-        meta = chunk.get("meta_info") or {}
-        cum = meta.get("completion_tokens")
-        if cum is not None:
-            self.source = "completion_tokens"
-            new = int(cum) - self.total
-            self.total = max(self.total, int(cum))
-            return max(new, 0)
-        self.source = "output_ids"
-        ids = chunk.get("output_ids") or []
-        prev = self._prev_ids
-        # Cumulative streams repeat the earlier ids as a prefix.
-        if prev and len(ids) >= len(prev) and ids[: len(prev)] == prev:
-            new = len(ids) - len(prev)
-            self._prev_ids = list(ids)
-        else:
-            new = len(ids)
-            self._prev_ids = prev + list(ids)
-        self.total += new
-        return new
-
-
 async def _iter_sse_data(resp: aiohttp.ClientResponse):
     """Yield the payload of each ``data:`` line as soon as it arrives.
 
@@ -259,6 +228,38 @@ async def _stream_request(
     return result
 
 
+def _upstream_args(temperature: float):
+    """The module-global ``args`` upstream's request functions read (``sglang.benchmark.serving``):
+    greedy or ``temperature`` sampling, ``ignore_eos``, streaming, no logprobs, cache report on."""
+    import argparse
+
+    return argparse.Namespace(temperature=float(temperature), top_p=1.0, disable_ignore_eos=False,
+                              disable_stream=False, return_logprob=False, return_routed_experts=False,
+                              logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, cache_report=True,
+                              header=None)
+
+
+def chunks_from_upstream_itl(itl: List[float], output_len: int) -> tuple:
+    """Upstream's ``RequestFuncOutput.itl`` holds, per streamed chunk after the first, ``gap / n`` repeated
+    ``n`` times (``n`` the chunk's new tokens). Returns ``(chunk_gaps, chunk_tokens)`` with the first
+    chunk's tokens first (``output_len`` minus the later chunks'), so ``len(gaps) == len(tokens) - 1``.
+    Two adjacent chunks whose ``gap / n`` are the same float would read as one (never seen: the gaps come
+    from ``time.perf_counter``)."""
+    gaps: List[float] = []
+    tokens: List[int] = []
+    i = 0
+    while i < len(itl):
+        j = i
+        while j + 1 < len(itl) and itl[j + 1] == itl[i]:
+            j += 1
+        n = j - i + 1
+        gaps.append(itl[i] * n)
+        tokens.append(n)
+        i = j + 1
+    first = output_len - sum(tokens)
+    return gaps, [first, *tokens]
+
+
 async def send_generate(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -269,46 +270,57 @@ async def send_generate(
     timeout_s: Optional[float] = None,
     temperature: float = 0.0,
 ) -> RequestResult:
-    """Stream one ``/generate`` request and fill ``result`` in place.
+    """Stream one ``/generate`` request with upstream's client and fill ``result`` in place.
 
-    Sampling: ``temperature``, ``ignore_eos`` (so exactly ``max_new_tokens``
-    tokens come back). Never raises for server or network errors: they end up
-    in ``result.error`` with ``result.success = False`` (HTTP status and body
-    for non-200 answers, the exception text otherwise). ``t0`` is the run's
-    start time (``time.perf_counter``, s), used for ``result.start_time``.
+    The request is made by ``sglang.benchmark.serving.async_request_sglang_generate`` (what
+    ``python -m sglang.bench_serving --backend sglang`` sends: ``input_ids``, ``temperature``,
+    ``ignore_eos``, streaming; it opens its own HTTP session, so ``session`` is not used). Its output
+    is turned into ours: chunk gaps and tokens per chunk (:func:`chunks_from_upstream_itl`), cached
+    tokens by tier, the server's prompt length, and verify steps from its accept length. Since upstream
+    does not record the finish reason, a stream that ends with no token or with fewer than
+    ``max_new_tokens`` (``ignore_eos``: the server aborted it) is an error. Never raises for server or
+    network errors: they end up in ``result.error`` with ``result.success = False``. ``t0`` is the run's
+    start time (``time.perf_counter``, s), used for ``result.start_time``; ``timeout_s`` bounds the request.
     """
-    payload = {
-        "input_ids": input_ids,
-        "sampling_params": {
-            "max_new_tokens": int(max_new_tokens),
-            "temperature": float(temperature),
-            "ignore_eos": True,
-        },
-        "stream": True,
-    }
-    counter = _TokenCounter()
+    from sglang.benchmark import serving as upstream
 
-    def on_chunk(chunk: Dict[str, Any]) -> int:
-        if "error" in chunk and "meta_info" not in chunk:
-            raise RuntimeError(f"server error in stream: {chunk['error']}")
-        meta = chunk.get("meta_info") or {}
-        if meta.get("cached_tokens") is not None:
-            result.cached_tokens = int(meta["cached_tokens"])
-        details = meta.get("cached_tokens_details")
-        if isinstance(details, dict):  # tiers of the cached prefix (device / host / storage)
-            result.cached_tokens_details = {str(k): int(v) for k, v in details.items() if isinstance(v, (int, float))}
-        if meta.get("prompt_tokens") is not None:
-            result.prompt_tokens = int(meta["prompt_tokens"])
-        if meta.get("finish_reason") is not None:
-            result.finish_reason = meta["finish_reason"]
-        if meta.get("spec_verify_ct") is not None:
-            result.spec_verify_ct = int(meta["spec_verify_ct"])
-        return counter.update(chunk)
-
-    await _stream_request(session, f"{base_url}/generate", payload, result, t0, timeout_s, on_chunk)
-    # completion_tokens is cumulative: the counter's total is authoritative.
-    result.output_tokens = counter.total
-    result.token_count_source = counter.source
+    upstream.set_global_args(_upstream_args(temperature))
+    inp = upstream.RequestFuncInput(prompt=list(input_ids), api_url=f"{base_url}/generate", prompt_len=len(input_ids),
+                                    output_len=int(max_new_tokens), model="", lora_name=None, image_data=None,
+                                    extra_request_body={})
+    start = time.perf_counter()
+    try:
+        call = upstream.async_request_sglang_generate(inp)
+        out = await (asyncio.wait_for(call, timeout_s) if timeout_s else call)
+    except asyncio.TimeoutError:
+        result.start_time = start - t0
+        result.e2e_latency = time.perf_counter() - start
+        result.error = f"timeout after {timeout_s} s"
+        return result
+    result.start_time = (out.start_time or start) - t0
+    result.e2e_latency = out.latency or (time.perf_counter() - start)
+    result.token_count_source = "completion_tokens"
+    if not out.success:
+        result.error = (out.error or "request failed").strip()[:2000]
+        return result
+    if not out.ttft:
+        result.error = "stream ended without any output token"
+        return result
+    result.ttft = out.ttft
+    result.output_tokens = int(out.output_len)
+    result.itl, result.chunk_tokens = chunks_from_upstream_itl(list(out.itl), result.output_tokens)
+    result.cached_tokens = int(out.cached_tokens or 0)
+    details = out.cached_tokens_details
+    if isinstance(details, dict):  # tiers of the cached prefix (device / host / storage)
+        result.cached_tokens_details = {str(k): int(v) for k, v in details.items() if isinstance(v, (int, float))}
+    # the server's meta_info.prompt_tokens (upstream keeps the length sent when the server reports none)
+    result.prompt_tokens = int(out.prompt_len) if out.prompt_len else None
+    if out.spec_accept_length:
+        result.spec_verify_ct = max(1, round(result.output_tokens / out.spec_accept_length))
+    if result.output_tokens < int(max_new_tokens):
+        result.error = f"stream ended after {result.output_tokens} of {max_new_tokens} tokens (aborted by the server)"
+        return result
+    result.success = True
     return result
 
 

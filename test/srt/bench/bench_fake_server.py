@@ -137,8 +137,9 @@ class ScriptedServer(ThreadedAiohttpServer):
             out.extend(ids)
             meta = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": total, "cached_tokens": 0,
                     "finish_reason": {"type": "length", "length": n} if last else None}
-            if self.spec_verify_ct:
+            if self.spec_verify_ct:  # as sglang's tokenizer manager reports them
                 meta["spec_verify_ct"] = self.spec_verify_ct
+                meta["spec_accept_length"] = total / self.spec_verify_ct
             return {"text": "x" * total, "output_ids": list(out), "meta_info": meta}
 
         return await self._stream(request, n, make)

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from replay_fake_server import SERVER_INFO, FakeServer, common_prefix_len  # noqa: E402
 
 from sglang_hybrid.bench import replay  # noqa: E402
-from sglang_hybrid.bench.client import RequestResult, _TokenCounter  # noqa: E402
+from sglang_hybrid.bench.client import RequestResult, chunks_from_upstream_itl  # noqa: E402
 from sglang_hybrid.bench.metrics import sglang_serving_metrics, summarize  # noqa: E402
 from sglang_hybrid.bench.trace import (  # noqa: E402
     DEFAULT_TRACE_PATH,
@@ -179,15 +179,14 @@ class TestMetrics(unittest.TestCase):
         self.assertAlmostEqual(s["itl_p50_s"], 0.04)  # ours: per chunk gap (0.1, 0.04, 0.02)
         self.assertIsNone(sglang_serving_metrics([bad], wall_time_s=1.0))
 
-    def test_token_counter_fallback(self):
-        cum = _TokenCounter()
-        self.assertEqual([cum.update({"output_ids": x}) for x in ([1], [1, 2], [1, 2, 3, 4])], [1, 1, 2])
-        inc = _TokenCounter()
-        self.assertEqual([inc.update({"output_ids": x}) for x in ([5], [6], [7, 8])], [1, 1, 2])
-        meta = _TokenCounter()
-        chunks = [{"output_ids": [1, 2, 3], "meta_info": {"completion_tokens": c}} for c in (3, 4, 4, 9)]
-        self.assertEqual([meta.update(c) for c in chunks], [3, 1, 0, 5])
-        self.assertEqual(meta.total, 9)
+    def test_chunks_from_upstream_itl(self):
+        """Upstream's client stores gap / n, n times, per chunk of n tokens after the first."""
+        gaps, tokens = chunks_from_upstream_itl([0.01, 0.02, 0.02, 0.02, 0.005], 7)
+        self.assertEqual(tokens, [2, 1, 3, 1])  # the first chunk: 7 - 5 later tokens
+        self.assertEqual(len(gaps), 3)
+        for g, want in zip(gaps, (0.01, 0.06, 0.005)):
+            self.assertAlmostEqual(g, want)
+        self.assertEqual(chunks_from_upstream_itl([], 1), ([], [1]))
 
 
 class TestEndToEnd(unittest.TestCase):
@@ -280,9 +279,7 @@ class TestEndToEnd(unittest.TestCase):
             {"timestamp": 100, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]},
             {"timestamp": 200, "input_length": 30, "output_length": 5, "hash_ids": [0]},
         ]
-        # Incremental output_ids and no completion_tokens: the fallback counter.
-        server = FakeServer(chunk_size=2, cumulative_ids=False, send_completion_tokens=False,
-                            max_input_len=50).start()
+        server = FakeServer(chunk_size=2, max_input_len=50).start()
         try:
             with tempfile.TemporaryDirectory() as d:
                 trace = os.path.join(d, "t.jsonl")
@@ -297,8 +294,7 @@ class TestEndToEnd(unittest.TestCase):
         finally:
             server.stop()
         self.assertEqual([r["success"] for r in rows], [True, False, True])
-        self.assertTrue(rows[1]["error"].startswith("HTTP 400"), rows[1]["error"])
-        self.assertIn("exceeds max 50", rows[1]["error"])
+        self.assertIn("exceeds max 50", rows[1]["error"])  # the server's message (upstream's client: "reason: body")
         self.assertEqual([rows[0]["output_tokens"], rows[2]["output_tokens"]], [5, 5])
         self.assertEqual(rows[0]["chunk_tokens"], [2, 2, 1])
         # Request 2 is paced to 200 ms / 100 = 2 ms after the start.
