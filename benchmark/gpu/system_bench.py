@@ -144,20 +144,32 @@ def _slim_abbench(doc: Dict[str, Any]) -> Dict[str, Any]:
     return {"windows": windows, "manifest": doc["manifest"]}
 
 
+def server_args_for(args, flags: List[str], max_c: int) -> List[str]:
+    """The launch flags of one variant: the shared ones (dtype, CUDA graphs up to ``max_c``, running
+    requests, memory fraction, context length, and the pools: ``--max-total-tokens`` KV tokens and
+    ``--max-mamba-cache-size`` state slots, each left to the server when 0) and then the variant's
+    ``flags``. ``--device cpu``: ``cpu_server_args()`` without the kernel flags (a smoke run)."""
+    if args.device == "cpu":  # a smoke run of the driver on a small checkpoint (kernel flags do not apply)
+        flags = [f for f in flags if f not in UPSTREAM_KERNELS + OUR_KERNELS]
+        return [*cpu_server_args(), "--max-running-requests", str(max_c), *flags]
+    out = ["--load-format", "dummy", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", str(max_c),
+           "--max-running-requests", str(max_c), "--mem-fraction-static", str(args.mem_fraction_static),
+           "--context-length", str(args.context_length)]
+    if args.model_path:
+        out = out[2:]  # a real checkpoint: its own weights
+    if args.max_total_tokens:
+        out += ["--max-total-tokens", str(args.max_total_tokens)]
+    if args.max_mamba_cache_size:
+        out += ["--max-mamba-cache-size", str(args.max_mamba_cache_size)]
+    return out + list(flags)
+
+
 def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
     """Serve ``model`` with variant ``name`` and run abbench and both replay sweeps against it."""
     flags, env, what = VARIANTS[name]
     flags = [f.replace("{host_gb}", str(args.host_cache_gb)) for f in flags]
     max_c = max(args.ab_concurrency + args.sweep_concurrency)
-    if args.device == "cpu":  # a smoke run of the driver on a small checkpoint (kernel flags do not apply)
-        flags = [f for f in flags if f not in UPSTREAM_KERNELS + OUR_KERNELS]
-        server_args = [*cpu_server_args(), "--max-running-requests", str(max_c), *flags]
-    else:
-        server_args = ["--load-format", "dummy", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", str(max_c),
-                       "--max-running-requests", str(max_c), "--mem-fraction-static", str(args.mem_fraction_static),
-                       "--context-length", str(args.context_length), *flags]
-        if args.model_path:
-            server_args = server_args[2:]  # a real checkpoint: its own weights
+    server_args = server_args_for(args, flags, max_c)
     env = {**env, **args.server_env}
     out: Dict[str, Any] = {"variant": name, "what": what, "flags": server_args, "env": env}
     log = os.path.join(args.log_dir, f"server-{name}.log")
@@ -338,6 +350,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-cache-gb", type=float, default=16.0)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)
     p.add_argument("--context-length", type=int, default=20480)
+    p.add_argument("--max-total-tokens", type=int, default=131_072,
+                   help="KV pool in tokens for every variant (0: the server sizes it from memory, 43 M tokens for "
+                        "the 4-layer share on an H200, so nothing is ever evicted and a host tier is never used; "
+                        "the default is about the agentic slice's unique input tokens, ~129k for 512 requests, so "
+                        "both caches evict and a host tier can bring entries back)")
+    p.add_argument("--max-mamba-cache-size", type=int, default=512,
+                   help="recurrent-state slots for every variant (running requests and cached checkpoints; 0: "
+                        "the server's choice)")
     p.add_argument("--model-path", default=None,
                    help="serve this checkpoint (its own weights) instead of the generated K3 share with random weights")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -388,8 +408,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         reqs = [scale_request(r, args.length_scale, 1.0, args.max_output_len) for r in load_trace(path, n)]
         hit, tot = theoretical_reuse(reqs)
         reuse[name] = {"requests": n, "theoretical_reuse": round(hit / tot, 4), "input_tokens": tot,
-                       "max_input_len": max(r.input_len for r in reqs)}
-        print(f"{name}: {n} requests, theoretical prefix reuse {100 * hit / tot:.1f} %", flush=True)
+                       "unique_input_tokens": tot - hit, "max_input_len": max(r.input_len for r in reqs)}
+        print(f"{name}: {n} requests, theoretical prefix reuse {100 * hit / tot:.1f} %, {tot - hit:,} unique "
+              f"input tokens (KV pool: {args.max_total_tokens or 'server-sized'})", flush=True)
     result: Dict[str, Any] = {
         "benchmark": "system_bench", "model": args.model_path or "Kimi K3, one GPU's share at TP8 (random weights)", "config": cfg,
         "traces": reuse, "args": {k: v for k, v in vars(args).items()}, "variants": {},

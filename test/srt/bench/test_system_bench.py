@@ -149,3 +149,22 @@ class TestRepeatedVariants(unittest.TestCase):
         r = system_bench.compare(base, again, 50.0)
         self.assertEqual(r["abbench_output_tok_s"], {"1": 0.9})
         self.assertEqual(r["sweeps"]["mooncake"]["tok_s_per_gpu_by_concurrency"], {"8": 1.0, "64": 0.9})
+
+
+class TestServerArgs(unittest.TestCase):
+    def test_every_variant_gets_the_same_pools(self):
+        args = system_bench.build_parser().parse_args(["--out", "x.json"])
+        shared = None
+        for name, (flags, _, _) in system_bench.VARIANTS.items():
+            out = system_bench.server_args_for(args, flags, 64)
+            i, j = out.index("--max-total-tokens"), out.index("--max-mamba-cache-size")
+            self.assertEqual((out[i + 1], out[j + 1]), ("131072", "512"), name)
+            common = out[: len(out) - len(flags)]
+            shared = shared or common
+            self.assertEqual(common, shared, name)  # only the variant's own flags differ
+            self.assertEqual(out[len(out) - len(flags):], list(flags))
+        args = system_bench.build_parser().parse_args(["--out", "x.json", "--max-total-tokens", "0",
+                                                       "--max-mamba-cache-size", "0"])
+        out = system_bench.server_args_for(args, [], 64)
+        self.assertNotIn("--max-total-tokens", out)
+        self.assertNotIn("--max-mamba-cache-size", out)
