@@ -9,15 +9,22 @@ This guard does neither:
 hook (declared in ``patches.py``)       what it does
 ======================================  =============================================
 ``ModelRunner.sample`` BEFORE           rows of ``next_token_logits [B, V]`` with any
-                                        NaN/±inf: remember the request id (from
-                                        ``forward_batch.rids``) and zero the row, so the
-                                        sampler runs on finite numbers
-``Scheduler.process_batch_result``      each remembered request gets
-BEFORE                                  ``FINISH_ABORT(status 500, InternalServerError)``;
+                                        NaN/±inf are zeroed on the device, so the sampler
+                                        runs on finite numbers; the row mask is copied to
+                                        pinned host memory behind a CUDA event, with the
+                                        batch's request ids (no synchronisation here)
+``Scheduler.process_batch_result``      the oldest pending mask of this batch's requests
+BEFORE                                  is read (its forward pass is done: the results are
+                                        being processed) and each request of a bad row gets
+                                        ``FINISH_ABORT(status 500, InternalServerError)``;
                                         upstream answers it with HTTP 500 and the message
                                         (streams: a final chunk with ``finish_reason``
                                         ``abort``); the rest of the batch is untouched
 ======================================  =============================================
+
+The sampling hook used to find the bad rows with ``nonzero()``, which waits for the forward pass on
+every step and so held the overlap scheduler's CPU work behind the GPU (issue 41: no synchronisation
+on the served path that no consumer needs).
 
 Which layer produced the NaN: with :data:`TRACE_ENV` on (the default on CPU,
 where one ``isfinite`` reduction per layer module is cheap; off on GPU, where
@@ -84,49 +91,88 @@ def _trace_enabled(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
-    """Indices of the rows of ``logits [B, V]`` holding any NaN or ±inf (int64 [k], possibly empty).
+class _Pending:
+    """One sampled batch's row mask on its way to the host: ``event`` (None: already on the host),
+    ``mask`` (bool [B], host), the batch's request ids and where the first non-finite output was."""
 
-    ``-inf`` entries are kept legal only when they come from masking (grammar,
-    ``logit_bias``) — those are applied later in the sampler, so at this point
-    any non-finite value is a numerical failure of the forward pass.
-    """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
-    return (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten()
+    __slots__ = ("event", "mask", "rids", "where")
+
+    def __init__(self, event, mask: torch.Tensor, rids, where: str):
+        self.event, self.mask, self.rids, self.where = event, mask, list(rids), where
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+
+_pending: "list[_Pending]" = []  # oldest first
+MAX_PENDING = 64  # masks left unclaimed by any batch; past this the oldest is read (synchronising on it)
+
+
+def _where(runner) -> str:
+    tracer = getattr(runner, "_sglang_hybrid_nan_tracer", None)
+    if tracer is not None:
+        return f"first non-finite output in this forward pass: {tracer.first}"
+    return f"layer unknown (set {TRACE_ENV}=1 to trace)"
 
 
 def _before_sample(runner, logits_output, forward_batch, *args, **kwargs):
+    """Zero the non-finite rows of ``next_token_logits`` on the device and queue the row mask for
+    :func:`_before_process_batch_result` (a non-blocking copy behind a CUDA event on GPUs)."""
     logits = getattr(logits_output, "next_token_logits", None)
     if not isinstance(logits, torch.Tensor) or logits.numel() == 0:
         return None
-    tracer = getattr(runner, "_sglang_hybrid_nan_tracer", None)
-    rows = nonfinite_rows(logits)
-    if rows.numel() == 0:
-        return None
-    rids = forward_batch.rids or []
-    if tracer is not None:
-        where = f"first non-finite output in this forward pass: {tracer.first}"
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    logits.masked_fill_(bad.unsqueeze(-1), 0.0)  # sample from finite rows; a bad row's request is aborted
+    if logits.is_cuda:
+        mask = torch.empty(bad.shape, dtype=torch.bool, pin_memory=True)
+        mask.copy_(bad, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
     else:
-        where = f"layer unknown (set {TRACE_ENV}=1 to trace)"
+        mask, event = bad, None
     with _lock:
-        for r in rows.tolist():
-            rid = rids[r] if r < len(rids) else None
-            msg = f"NaN/inf in the logits of this request ({where}); the request was stopped"
-            logger.error("sglang-hybrid NaN guard: rid=%s row=%d: %s", rid, r, msg)
-            if rid is not None:
-                _poisoned[rid] = msg
-    logits[rows] = 0.0  # sample from a finite row; the request is aborted before its token is used
+        _pending.append(_Pending(event, mask, forward_batch.rids or [], _where(runner)))
     return None
 
 
-def _before_process_batch_result(scheduler, batch, result, *args, **kwargs):
-    if not _poisoned:
-        return None
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+def _resolve(p: _Pending) -> None:
+    """Read ``p``'s mask (waiting on its event if needed) and remember each bad row's request."""
+    if not p.ready():
+        p.event.synchronize()
+    for r, is_bad in enumerate(p.mask.tolist()):
+        if not is_bad:
+            continue
+        rid = p.rids[r] if r < len(p.rids) else None
+        msg = f"NaN/inf in the logits of this request ({p.where}); the request was stopped"
+        logger.error("sglang-hybrid NaN guard: rid=%s row=%d: %s", rid, r, msg)
+        if rid is not None:
+            _poisoned[rid] = msg
 
+
+def _before_process_batch_result(scheduler, batch, result, *args, **kwargs):
+    """Read the masks whose copies are done, then the oldest pending mask holding one of this batch's
+    requests (its forward pass has finished), and abort the requests of bad rows."""
+    reqs = getattr(batch, "reqs", None) or []
     with _lock:
-        for req in batch.reqs:
+        if not _pending and not _poisoned:
+            return None
+        rids = {req.rid for req in reqs}
+        todo = [p for p in _pending if p.ready()]
+        mine = next((p for p in _pending if p not in todo and rids.intersection(p.rids)), None)
+        if mine is not None:
+            todo.append(mine)
+        while len(_pending) - len(todo) > MAX_PENDING:  # masks no batch claimed (e.g. a batch sampled twice)
+            todo.append(next(p for p in _pending if p not in todo))
+        for p in todo:
+            _pending.remove(p)
+            _resolve(p)
+        if not _poisoned:
+            return None
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        for req in reqs:
             msg = _poisoned.pop(req.rid, None)
             if msg is not None:
                 req.to_finish = FINISH_ABORT(msg, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")

@@ -38,15 +38,6 @@ class _Model(nn.Module):
 
 
 class TestNanGuard(unittest.TestCase):
-    def test_nonfinite_rows(self):
-        x = torch.zeros(4, 6)
-        x[1, 2] = float("nan")
-        x[3, 0] = float("-inf")
-        self.assertEqual(nan_guard.nonfinite_rows(x).tolist(), [1, 3])
-        self.assertEqual(nan_guard.nonfinite_rows(torch.zeros(2, 3)).numel(), 0)
-        with self.assertRaisesRegex(ValueError, "logits must be"):
-            nan_guard.nonfinite_rows(torch.zeros(3))
-
     def test_tracer_names_the_first_nonfinite_module_and_resets_per_pass(self):
         model = _Model(poison_layer=2)
         tracer = nan_guard._LayerTracer(model)
@@ -73,6 +64,76 @@ class TestNanGuard(unittest.TestCase):
         self.assertEqual(fin.status_code, HTTPStatus.INTERNAL_SERVER_ERROR)
         self.assertIn("model.layers.7.mlp", fin.message)
         self.assertEqual(nan_guard._poisoned, {})  # consumed
+
+
+class _Event:
+    """A CUDA event stand-in: ``done`` says whether its work has finished; ``synchronize`` records the wait."""
+
+    def __init__(self, done: bool):
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+
+class TestNoSyncOnTheServedPath(unittest.TestCase):
+    def setUp(self):
+        nan_guard._pending.clear()
+        nan_guard._poisoned.clear()
+
+    def test_sampling_hook_never_synchronises(self):
+        """Bad rows are zeroed and queued with tensor ops only: no nonzero / item / tolist / bool, each of
+        which waits for the forward pass on a GPU (the hook used nonzero() on every step)."""
+        logits = torch.randn(4, 6)
+        logits[2, 1] = float("inf")
+        forbidden = ("nonzero", "item", "tolist", "__bool__")
+        saved = {n: getattr(torch.Tensor, n) for n in forbidden}
+
+        def boom(*_a, **_k):
+            raise AssertionError("a synchronising tensor op in the sampling hook")
+
+        try:
+            for n in forbidden:
+                setattr(torch.Tensor, n, boom)
+            nan_guard._before_sample(SimpleNamespace(), SimpleNamespace(next_token_logits=logits),
+                                     SimpleNamespace(rids=["a", "b", "c", "d"]))
+        finally:
+            for n, f in saved.items():
+                setattr(torch.Tensor, n, f)
+        self.assertEqual(logits[2].abs().sum().item(), 0.0)
+        self.assertEqual(len(nan_guard._pending), 1)
+
+    def test_each_batch_reads_its_own_mask_not_the_next_ones(self):
+        """Overlap scheduling: batch N+1 is sampled before batch N's results are processed. Processing N
+        waits on N's event only (N+1's forward may still run) and aborts N's bad request; N+1's mask is
+        read when N+1's results are processed."""
+        ev_n, ev_n1 = _Event(done=False), _Event(done=False)
+        nan_guard._pending.extend([
+            nan_guard._Pending(ev_n, torch.tensor([False, True, False]), ["a", "b", "c"], "w"),
+            nan_guard._Pending(ev_n1, torch.tensor([False, False, True]), ["a", "b", "c"], "w"),
+        ])
+        reqs = [SimpleNamespace(rid=r, to_finish=None) for r in ("a", "b", "c")]
+        nan_guard._before_process_batch_result(None, SimpleNamespace(reqs=reqs), None)
+        self.assertEqual((ev_n.waited, ev_n1.waited), (True, False))
+        self.assertEqual([r.to_finish is not None for r in reqs], [False, True, False])
+        reqs = [SimpleNamespace(rid=r, to_finish=None) for r in ("a", "c")]
+        nan_guard._before_process_batch_result(None, SimpleNamespace(reqs=reqs), None)
+        self.assertTrue(ev_n1.waited)
+        self.assertEqual([r.to_finish is not None for r in reqs], [False, True])
+        self.assertEqual((nan_guard._pending, nan_guard._poisoned), ([], {}))
+
+    def test_finished_copies_are_read_without_waiting(self):
+        done = _Event(done=True)
+        nan_guard._pending.append(nan_guard._Pending(done, torch.tensor([True]), ["x"], "w"))
+        nan_guard._before_process_batch_result(None, SimpleNamespace(reqs=[]), None)  # another batch
+        self.assertFalse(done.waited)
+        self.assertIn("x", nan_guard._poisoned)  # aborted when x's own batch is processed
+        req = SimpleNamespace(rid="x", to_finish=None)
+        nan_guard._before_process_batch_result(None, SimpleNamespace(reqs=[req]), None)
+        self.assertIsInstance(req.to_finish, FINISH_ABORT)
 
 
 class TestTestOnlyNanInjection(unittest.TestCase):
