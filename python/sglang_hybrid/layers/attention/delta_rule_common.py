@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -72,28 +73,42 @@ def initial_state_flags(extend_prefix_lens: Optional[torch.Tensor], batch: int, 
     return (extend_prefix_lens[:batch] > 0).to(device=device, dtype=torch.int32)
 
 
+_TRACK_HOST: list = [None, None]  # [weakref to the last track_chunk_idx read, its host list]
+
+
+def track_chunks_on_host(track_chunk_idx: torch.Tensor) -> List[int]:
+    """``track_chunk_idx.tolist()``, read once per forward pass: every linear-attention layer of a
+    forward gets the same metadata tensor, so the later layers reuse the first one's host list
+    instead of each waiting for the device (one synchronisation per forward, not per layer)."""
+    ref, host = _TRACK_HOST
+    if ref is not None and ref() is track_chunk_idx:
+        return host
+    host = track_chunk_idx.tolist()
+    _TRACK_HOST[0], _TRACK_HOST[1] = weakref.ref(track_chunk_idx), host
+    return host
+
+
 def plan_track_snapshots(track_state: Optional[torch.Tensor], track_chunk_idx: Optional[torch.Tensor],
                          ssm_states: torch.Tensor, cache_indices: torch.Tensor,
                          has_init: torch.Tensor) -> List[Tuple[int, int, int]]:
     """Checkpoints ``(sequence, token position, track row)`` for ``c > 0``; rows with
-    ``c == 0`` (the state the extend starts from) are filled here directly. ``has_init``:
-    :func:`initial_state_flags` (read on the host only when tracking was requested).
+    ``c == 0`` (the state the extend starts from) are filled here on the device: the slot's state
+    where ``has_init`` (:func:`initial_state_flags`, ``[B]`` on the device), zeros otherwise. The
+    chunk indices are read on the host once per forward (:func:`track_chunks_on_host`).
 
     Returns ``[]`` when no tracking was requested.
     """
     if track_state is None or track_chunk_idx is None:
         return []
-    has_init = has_init.tolist()
-    ckpts = []
-    for i, c in enumerate(track_chunk_idx.tolist()):
-        if c == 0:
-            if has_init[i]:
-                track_state[i] = ssm_states[int(cache_indices[i])].to(track_state.dtype)
-            else:
-                track_state[i] = 0
-        elif c > 0:
-            ckpts.append((i, c * MAMBA_CHUNK, i))
-    return ckpts
+    chunks = track_chunks_on_host(track_chunk_idx)
+    rows = [i for i, c in enumerate(chunks) if c == 0]
+    if rows:
+        idx = torch.tensor(rows, dtype=torch.long, device=track_state.device)
+        slots = cache_indices.to(device=track_state.device).index_select(0, idx).long()
+        start = ssm_states.index_select(0, slots).to(track_state.dtype)
+        keep = has_init.to(device=track_state.device).index_select(0, idx).bool().view(-1, *[1] * (start.dim() - 1))
+        track_state.index_copy_(0, idx, torch.where(keep, start, torch.zeros_like(start)))
+    return [(i, c * MAMBA_CHUNK, i) for i, c in enumerate(chunks) if c > 0]
 
 
 def _gate(f, A_log, dt_bias, gate, lower_bound):
