@@ -333,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ab-input-len", type=int, default=1024)
     p.add_argument("--ab-output-len", type=int, default=128)
     p.add_argument("--sweep-concurrency", type=abbench.parse_int_list, default=[8, 16, 32, 64])
-    p.add_argument("--mooncake-requests", type=int, default=96)
+    p.add_argument("--mooncake-requests", type=int, default=64,
+                   help="Mooncake requests at the least loaded point (raised to --requests-per-stream x C above it)")
     p.add_argument("--agentic-shape", default="agentic-long", help=f"shape name in {os.path.normpath(SHAPES)}")
     p.add_argument("--agentic-requests", type=int, default=384)
     p.add_argument("--length-scale", type=float, default=0.125)
