@@ -491,6 +491,11 @@ class HybridRadixCache(UnifiedRadixCache):
         return True
 
     # ------------------------------------------------------------- match
+    def _beyond_device_possible(self) -> bool:
+        """False when no tier below the device holds anything (an empty host tier, no store): a match
+        is then upstream's device match alone."""
+        return self.store is not None or self.host.num_pages > 0 or self.host.num_checkpoints > 0
+
     def _scan_host(self, token_ids, node, dev: int, kv_dev: int):
         """Host pages and checkpoints beyond the device match, no store tier: ``(kv_hit, host_resume,
         hashes, base)`` where ``hashes[i - base]`` is the hash of page ``i``.
@@ -570,8 +575,7 @@ class HybridRadixCache(UnifiedRadixCache):
             m = UnifiedRadixCache.match_prefix(self, MatchPrefixParams(key=RadixKey(token_ids)))
             dev = m.device_prefix_len
             kv_dev = m.full_kv_hit_length
-            if not self.host.enabled or (self.store is None and self.host.num_pages == 0
-                                         and self.host.num_checkpoints == 0):
+            if not self.host.enabled or not self._beyond_device_possible():
                 # nothing beyond the device match to find, so no prompt hashing (about 1 us a page)
                 return HostMatch(dev, dev, 0, kv_dev, m.last_device_node, 0)
             if self.store is None:
@@ -648,7 +652,7 @@ class HybridRadixCache(UnifiedRadixCache):
         key = params.key
         toks = key.token_ids
         host_tokens = store_tokens = 0
-        if self.host.enabled and len(toks) >= self.page_size:
+        if self.host.enabled and len(toks) >= self.page_size and self._beyond_device_possible():
             hm = self.match_with_host(toks)
             host_tokens = hm.host_hit_len
             store_tokens = hm.store_hit_len

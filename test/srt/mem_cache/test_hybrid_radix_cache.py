@@ -440,6 +440,40 @@ class TestDecodeEndGate(unittest.TestCase):
         self.assertEqual(cache.metrics.decode_end_skipped, 1)
 
 
+class TestServingMatchCost(unittest.TestCase):
+    def test_one_device_match_while_the_host_tier_is_empty(self):
+        """The scheduler's match (serving mode, host tier configured): with nothing below the device it is
+        upstream's device match alone, once; with host entries, the host-aware match runs first."""
+        from types import SimpleNamespace
+        from unittest import mock
+
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        cache, alloc, pool = build_cache("hybrid", 30_000 // KVB + 2_000, 20, page_size=PAGE, grid=GRID,
+                                         serving=True, kv_bytes_per_token=KVB, state_bytes=STB,
+                                         device_budget_bytes=30_000 + 2 * STB, host_budget_bytes=10**9)
+        key = toks(3, 300)
+        calls = []
+        real = UnifiedRadixCache.match_prefix
+
+        def counting(self, params):
+            calls.append(1)
+            return real(self, params)
+
+        def serve_match():
+            calls.clear()
+            with mock.patch.object(UnifiedRadixCache, "match_prefix", counting):
+                cache.match_prefix(MatchPrefixParams(key=RadixKey(key), req=SimpleNamespace(rid="r", session=None)))
+            return len(calls)
+
+        self.assertEqual(serve_match(), 1)
+        run_request(cache, alloc, pool, toks(42, 260))
+        for i in range(6):  # evict to the host
+            run_request(cache, alloc, pool, toks(100 + i, 250))
+        self.assertGreater(cache.host.num_pages, 0)
+        self.assertGreater(serve_match(), 1)
+
+
 class CacheMachine(RuleBasedStateMachine):
     """Random insert / match / lock / unlock / evict / offload / restore / abort sequences."""
 
