@@ -546,15 +546,8 @@ class HybridRadixCache(UnifiedRadixCache):
             elif pos > dev and store_rp[i]:
                 host_resume, from_store = pos, True
         if from_store and load and not self._fetch_from_store(hashes, host_resume):
-            # a part could not be read (counted by the tier): the device / host match alone
-            kv_hit, host_resume = kv_dev, dev
-            for i, h in enumerate(hashes):
-                pos = (i + 1) * self.page_size
-                if pos > kv_dev and not self.host.has_page(h):
-                    break
-                kv_hit = max(kv_hit, pos)
-                if pos > dev and self.host.has_checkpoint(h):
-                    host_resume = pos
+            # a part could not be read (counted by the tier): the device / host match alone (hashes from the root)
+            kv_hit, host_resume, hashes, _ = self._scan_host(token_ids, None, dev, kv_dev)
             from_store = False
         return kv_hit, host_resume, from_store, hashes
 
