@@ -20,12 +20,16 @@ server reports healthy.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..plan import Target, plan_chunk
+
+logger = logging.getLogger("sgl_hybrid_kernel.dispatch")
 
 # Batches (tokens per sequence) whose plans span the table rules' inputs: one to 64 sequences, lengths from
 # one token to 8,192, longest sequence on and off a multiple of four chunks. Ascending total tokens.
@@ -94,7 +98,8 @@ def precompile_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: to
     :func:`representative_batches` pair on scratch tensors with the dtypes and per-token shapes of the given
     served call (``q``, ``k`` ``[N, H, K]``; ``v`` ``[N, HV, V]``; ``f`` ``[N, HV, K]`` (KDA) or ``[N, HV]``
     (GDN); ``b`` ``[N, HV]``; ``A_log``, ``dt_bias`` as passed; ``state`` the served pool, only its slot
-    shape and dtype are used). Returns (calls made, seconds, synchronised). Raises what the wrapper raises."""
+    shape and dtype are used). Returns (calls made, seconds; on a GPU after a synchronisation). Raises what
+    the wrapper raises."""
     from ..gate import gate_kind
     from .wrapper import gated_delta_chunk_triton
 
@@ -137,19 +142,16 @@ def ensure_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: torch.
     """:func:`precompile_variants` once per process for each distinct (device, dtypes, widths, gate) of a
     served chunked prefill, logged with the count and seconds; a no-op on CPU tensors, after the first
     call of a key, or with ``SGLANG_HYBRID_PRECOMPILE_CHUNK=0``. Returns True when it compiled now."""
-    import logging
-    import os
-
-    if q.device.type == "cpu" or os.environ.get(PRECOMPILE_ENV, "1").lower() in ("0", "false", "no"):
-        return False
-    key = (str(q.device), q.dtype, k.dtype, v.dtype, f.dtype, b.dtype, A_log.dtype, dt_bias.dtype, state.dtype,
-           tuple(q.shape[1:]), tuple(v.shape[1:]), tuple(f.shape[1:]), tuple(state.shape[1:]), gate, lower_bound,
-           state_layout)
+    # called by every served chunked prefill of every layer: the seen-key check comes first
+    key = (q.device, q.dtype, k.dtype, v.dtype, f.dtype, b.dtype, A_log.dtype, dt_bias.dtype, state.dtype,
+           q.shape[1:], v.shape[1:], f.shape[1:], state.shape[1:], gate, lower_bound, state_layout)
     if key in _DONE:
         return False
     _DONE.add(key)
+    if q.device.type == "cpu" or os.environ.get(PRECOMPILE_ENV, "1").lower() in ("0", "false", "no"):
+        return False
     n, secs = precompile_variants(q, k, v, f, b, A_log, dt_bias, state, gate, lower_bound, state_layout)
-    logging.getLogger("sgl_hybrid_kernel.dispatch").info(
+    logger.info(
         "delta_rule_prefill: %d chunk-plan binaries (%s, %d x %d heads, %s) run once on scratch tensors in %.2f s "
         "at the first prefill, so no later batch compiles one while serving (%s=0 turns this off)",
         n, gate, q.shape[1], v.shape[1], q.dtype, secs, PRECOMPILE_ENV)
