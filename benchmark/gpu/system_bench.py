@@ -44,6 +44,7 @@ interactivity are what carries over.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -52,6 +53,7 @@ import sys
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
 from sglang_hybrid.bench import abbench, sweep, trace_gen
@@ -164,15 +166,52 @@ def server_args_for(args, flags: List[str], max_c: int) -> List[str]:
     return out + list(flags)
 
 
-def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
-    """Serve ``model`` with variant ``name`` and run abbench and both replay sweeps against it."""
-    flags, env, what = VARIANTS[name]
+def variant_server(name: str, key: str, model: str, args) -> LaunchedServer:
+    """The (not yet started) server of variant ``name``; its log is ``server-<key>.log`` in ``--log-dir``."""
+    flags, env, _ = VARIANTS[name]
     flags = [f.replace("{host_gb}", str(args.host_cache_gb)) for f in flags]
     max_c = max(args.ab_concurrency + args.sweep_concurrency)
-    server_args = server_args_for(args, flags, max_c)
-    env = {**env, **args.server_env}
+    return LaunchedServer(model, server_args_for(args, flags, max_c), env={**env, **args.server_env},
+                          timeout=args.boot_timeout, log_path=os.path.join(args.log_dir, f"server-{key}.log"))
+
+
+def boot_all(servers: Dict[str, LaunchedServer]) -> Dict[str, Any]:
+    """``--parallel-boot``: start every server at once (their compiles and CUDA-graph captures overlap) and
+    wait for all; ``{key: boot seconds}`` or ``{key: exception}`` for a server that did not come up."""
+    def start(key):
+        t0 = time.perf_counter()
+        servers[key].start()
+        return round(time.perf_counter() - t0, 1)
+
+    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        futures = {key: pool.submit(start, key) for key in servers}
+    out: Dict[str, Any] = {}
+    for key, fut in futures.items():
+        try:
+            out[key] = fut.result()
+        except Exception as e:  # recorded as that variant's error
+            out[key] = e
+    return out
+
+
+@contextlib.contextmanager
+def _started(server: LaunchedServer):
+    """A server ``boot_all`` started: yielded as is, stopped on exit."""
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def run_variant(name: str, model: str, args, work: str, key: Optional[str] = None,
+                booted: Optional[LaunchedServer] = None, boot_s: Optional[float] = None) -> Dict[str, Any]:
+    """Serve ``model`` with variant ``name`` and run abbench and both replay sweeps against it. ``booted``: a
+    server ``boot_all`` started (stopped here after the measurement), with its ``boot_s``."""
+    key = key or name
+    _, _, what = VARIANTS[name]
+    server = booted or variant_server(name, key, model, args)
+    server_args, env, log = server.server_args, server.env, server.log_path
     out: Dict[str, Any] = {"variant": name, "what": what, "flags": server_args, "env": env}
-    log = os.path.join(args.log_dir, f"server-{name}.log")
     t0 = time.perf_counter()
     phases: List[tuple] = []  # (name, start, end) in wall-clock seconds, for the compile attribution
 
@@ -184,9 +223,11 @@ def run_variant(name: str, model: str, args, work: str) -> Dict[str, Any]:
             phases.append((label, start, time.time()))
 
     traces = (("mooncake", MOONCAKE, args.mooncake_requests), ("agentic", args.agentic_trace, args.agentic_requests))
-    with LaunchedServer(model, server_args, env=env, timeout=args.boot_timeout, log_path=log) as srv:
+    with (_started(booted) if booted is not None else server) as srv:
         base = srv.base_url
-        out["boot_s"] = round(time.perf_counter() - t0, 1)
+        out["boot_s"] = boot_s if booted is not None else round(time.perf_counter() - t0, 1)
+        if booted is not None:
+            out["boot"] = "parallel: every server of this call started at once, measured one at a time"
         out["kernel_paths"] = plugin_state(base).get("kernel_paths")
         common = ["--base-url", base, "--api", "sglang", "--model-path", model, "--server-log", log]
         if args.prime:
@@ -364,6 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the driver (cpu_server_args(), kernel flags dropped), not a measurement")
     p.add_argument("--boot-timeout", type=float, default=400)
+    p.add_argument("--parallel-boot", action="store_true",
+                   help="start every variant's server at once (compiles and CUDA-graph captures overlap), then "
+                        "measure them one at a time while the others idle; --mem-fraction-static is divided "
+                        "among them")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--plot-only", default=None, metavar="RESULT_JSON",
                    help="only draw the plots of an earlier result into --out (a folder); needs matplotlib")
@@ -430,14 +475,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         result["variants"].update(earlier.get("variants", {}))
         result["merged_from"] = {"file": os.path.basename(args.merge), "manifest": earlier.get("manifest")}
     keys = run_keys(names, result["variants"])
-    for name, key in zip(names, keys):
-        print(f"=== {key}: {VARIANTS[name][2]}", flush=True)
-        try:
-            result["variants"][key] = run_variant(name, model, args, work)
-        except Exception as e:  # keep the other variants' results; the error is recorded
-            traceback.print_exc()
-            result["variants"][key] = {"variant": name, "error": repr(e)}
-        _write(args.out, result, args.target_interactivity)
+    servers: Dict[str, LaunchedServer] = {}
+    boots: Dict[str, Any] = {}
+    if args.parallel_boot:
+        args.mem_fraction_static = round(args.mem_fraction_static / len(names), 3)
+        servers = {key: variant_server(name, key, model, args) for name, key in zip(names, keys)}
+        print(f"=== booting {', '.join(keys)} at once", flush=True)
+        boots = boot_all(servers)
+        print("    boot s: " + ", ".join(f"{k} {v if not isinstance(v, Exception) else 'failed'}"
+                                          for k, v in boots.items()), flush=True)
+    try:
+        for name, key in zip(names, keys):
+            print(f"=== {key}: {VARIANTS[name][2]}", flush=True)
+            try:
+                if isinstance(boots.get(key), Exception):
+                    raise boots[key]
+                result["variants"][key] = run_variant(name, model, args, work, key, servers.get(key), boots.get(key))
+            except Exception as e:  # keep the other variants' results; the error is recorded
+                traceback.print_exc()
+                result["variants"][key] = {"variant": name, "error": repr(e)}
+            _write(args.out, result, args.target_interactivity)
+    finally:
+        for srv in servers.values():
+            srv.stop()
     _write(args.out, result, args.target_interactivity, show=True)
     return 0 if all("error" not in result["variants"][k] for k in keys) else 1
 

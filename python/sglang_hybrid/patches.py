@@ -480,16 +480,19 @@ PATCHES: Tuple[Patch, ...] = (
         also=(Anchor(f"{_SCHEDULE_BATCH}.prepare_for_decode", "this pins the track mask unconditionally",
                      snippet="track_mask_cpu.pin_memory()"),),
     ),
-    # --- CPU speculative decoding (platforms/cpu_spec.py) ----------------------------------------------
+    # --- commit after verify: GDN deferred commit, CPU torch scatter (layers/attention/gdn_deferred.py) ----
     Patch(
         "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify", "around",
-        f"{_OURS}.platforms.cpu_spec:_scatter_around",
-        "CPU: the accepted verify step is committed in torch (upstream's scatter is CUDA / XPU only)",
-        "upstream's commit after verify has a CPU path",
+        f"{_OURS}.layers.attention.gdn_deferred:scatter_after_verify",
+        "a GDN pool whose verify was deferred (token 0's state in the slot, records of the drafts in the scratch) "
+        "is committed by replaying the accepted drafts, not by copying a snapshot that was never written; on CPU "
+        "the accepted verify step is committed in torch (upstream's scatter is CUDA / XPU only)",
+        "upstream's GDN verify takes a deferred-commit kernel through the kernel interface and its commit a CPU path",
         also=(Anchor("sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend."
                      "_scatter_speculative_state_with_mask", "the torch masked scatter the hook reuses",
                      snippet="dst[:, dst_indices[valid_indices]] = src["),),
     ),
+    # --- CPU speculative decoding (platforms/cpu_spec.py) ----------------------------------------------
     Patch(
         f"{_QSA}._require_chain_speculation", "replace", f"{_OURS}.platforms.cpu_spec:require_chain_speculation_cpu",
         "CPU: keeps the topk = 1 check but not the compress-ratio width limit (our reference QSA has no key ring)",

@@ -126,6 +126,9 @@ def register() -> None:
     from sglang_hybrid.layers.attention import gdn_kernel
 
     gdn_kernel.install()  # --linear-attn-backend sgl_hybrid for GDN (Qwen3.8), docs/kernels.md#wiring
+    from sglang_hybrid.layers.attention import gdn_deferred
+
+    gdn_deferred.install()  # commit after verify: GDN deferred commit; torch scatter on CPU
     from sglang_hybrid.layers.attention import mla_backend
 
     mla_backend.install()  # --attention-backend sgl_hybrid_mla (Kimi K3 MLA decode), docs/kernels.md#wiring

@@ -35,7 +35,8 @@ class TestQwen38MTPGPU(GpuServingChecks, CustomTestCase):
 
     fixture = "qwen38-tiny"
     server_args = QWEN_ARGS + MTP_ARGS
-    our_calls = ("qsa_backend=sgl_hybrid", "gdn_verify=sgl_hybrid")
+    # GDN's deferred commit (gdn_deferred.py): records in the verify, accepted drafts replayed at the commit
+    our_calls = ("qsa_backend=sgl_hybrid", "gdn_verify=sgl_hybrid_deferred", "gdn_verify_commit=deferred_replay_triton")
     check_taps = False  # the draft's extends interleave with the target's; parity is TestQwen38GPU's
 
     @classmethod

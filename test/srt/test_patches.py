@@ -212,7 +212,7 @@ class TestRegistration(unittest.TestCase):
             register_patches(cpu_spec.__name__)
             self.assertEqual(resolution_hooks._HOOKS, {"handle_speculative_decoding":
                                                        [cpu_spec.refuse_unsupported_cpu_speculation]})
-            self.assertEqual(len(fresh[find_patch(f"{cpu_spec.__name__}:_scatter_around").target]), 2)
+            self.assertEqual(len(fresh[find_patch(f"{cpu_spec.__name__}:require_chain_speculation_cpu").target]), 2)
 
     def test_plugin_registers_exactly_the_declared_hooks(self):
         """A fresh process with every switch on (CPU platform, idle audit, layer taps): the hooks in upstream's

@@ -5,8 +5,10 @@ Upstream SGLang 0.5.23 runs the speculative worker on CPU almost unchanged
 the one recurrent-state step without a CPU path is the commit after verify:
 ``scatter_mamba_states_after_mtp_verify`` (``kernels/ops/mamba/
 mamba_state_scatter_triton.py``) launches Triton scatters that accept only
-CUDA/XPU tensors. :func:`install` wraps it (AROUND hook, anchor checked): on
-CPU tensors the same copies run in torch through upstream's own masked scatter
+CUDA/XPU tensors. The AROUND hook on it (``layers/attention/gdn_deferred.py``,
+every platform, since it also commits GDN's deferred verify) runs
+:func:`scatter_states_after_verify_torch` on CPU tensors: the same copies in
+torch through upstream's own masked scatter
 (``HybridLinearAttnBackend._scatter_speculative_state_with_mask``, the one its
 PLE side states already use); on a GPU the original runs.
 
@@ -69,12 +71,6 @@ def scatter_states_after_verify_torch(
         scatter(dst, src, state_indices_tensor, last_correct_step_indices, src_indices_raw)
         if mamba_track_indices is not None:
             scatter(dst, src, mamba_track_indices, mamba_steps_to_track, src_indices_raw)
-
-
-def _scatter_around(original_fn, mamba_caches, *args, **kwargs):
-    if mamba_caches.temporal.is_cuda or getattr(mamba_caches.temporal, "is_xpu", False):
-        return original_fn(mamba_caches, *args, **kwargs)
-    return scatter_states_after_verify_torch(mamba_caches, *args, **kwargs)
 
 
 def require_chain_speculation_cpu(self, forward_mode, spec_info) -> None:
@@ -140,7 +136,7 @@ def refuse_unsupported_cpu_speculation(server_args, previous: Callable) -> None:
 
 
 def install() -> None:
-    """Register the CPU speculative hooks declared in ``patches.py`` (call on the CPU platform only): AROUND
-    the post-verify scatter, REPLACE ``_require_chain_speculation`` and the resolution hook around
-    ``handle_speculative_decoding`` (registered once per process: upstream's registry appends)."""
+    """Register the CPU speculative hooks declared in ``patches.py`` (call on the CPU platform only): REPLACE
+    ``_require_chain_speculation`` and the resolution hook around ``handle_speculative_decoding`` (registered
+    once per process: upstream's registry appends). The post-verify scatter's hook is ``gdn_deferred``'s."""
     register_patches(__name__)

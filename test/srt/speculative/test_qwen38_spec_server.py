@@ -100,6 +100,7 @@ class TestQwen38SpecServer(CustomTestCase):
                                          timeout=300)
             cls.after_sampled_n = generate(url, cls.k4_prompts[0], 12)
             cls.metrics = requests.get(url + "/metrics", timeout=60).text
+            cls.server_info = requests.get(url + "/get_server_info", timeout=60).json()
             cls.log = open(server.log_path, encoding="utf-8", errors="replace").read()
 
     @classmethod
@@ -113,6 +114,13 @@ class TestQwen38SpecServer(CustomTestCase):
         logits = self.oracle.logits(prompt + ids[:-1])
         want = logits[len(prompt) - 1 :].argmax(-1).tolist()
         self.assertEqual(ids, want, f"{len(prompt)}-token prompt")
+
+    def test_verify_committed_by_deferred_replay(self):
+        """GDN's deferred commit served the verify steps (layers/attention/gdn_deferred.py): the start-up choice
+        says so and the commit replayed records, so the oracle checks above cover it."""
+        sched = self.server_info["internal_states"][0]["sglang_hybrid"]
+        self.assertEqual(sched["kernel_paths"].get("gdn_verify_commit"), "deferred")
+        self.assertGreater(sched["kernel_calls"].get("gdn_verify_commit=deferred_replay_torch", 0), 0)
 
     def test_greedy_with_speculation_equals_fp64_greedy(self):
         for p, o in zip(self.k4_prompts, self.k4_first):

@@ -8,9 +8,9 @@ kernel interface (``kda_kernel.py``, ``gdn_kernel.py``).
 * :func:`verify_chain` is the speculative (chain, top-k 1) verify of both gates:
   the committed state is read and *not* written, the state after each draft
   token goes to upstream's scratch ``intermediate_states_buffer``
-  ``[rows, steps, HV, V, K]`` at row ``intermediate_state_indices[b]`` (issue 4;
-  seeds digest item 12 for the deferred-commit variant, not used here because
-  upstream's backend commits from that scratch itself).
+  ``[rows, steps, HV, V, K]`` at row ``intermediate_state_indices[b]`` (issue 4),
+  or, with ``replay_buffer`` (GDN's deferred commit, ``gdn_deferred.py``; seeds
+  digest item 12), token 0's state into the slot and records of the rest.
 
 Triton on CUDA/ROCm within the kernels' contract (``delta_rule/dispatch.py``),
 the plain-torch reference otherwise.
@@ -28,7 +28,7 @@ import torch
 from sgl_hybrid_kernel.delta_rule.dispatch import choose_recurrent
 from sgl_hybrid_kernel.delta_rule.gate import gate_kind
 from sgl_hybrid_kernel.delta_rule.recurrent.wrapper import gated_delta_recurrent_triton
-from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, gdn_gate, kda_gate
+from sgl_hybrid_kernel.delta_rule.naive import deferred_verify_torch, gated_delta_recurrent, gdn_gate, kda_gate
 from sgl_hybrid_kernel.delta_rule.slot_index import slot_indices
 from sgl_hybrid_kernel.norm.reference import l2_norm
 
@@ -121,7 +121,8 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
                  A_log: torch.Tensor, dt_bias: torch.Tensor, ssm_states: torch.Tensor, cache_indices: torch.Tensor,
                  query_start_loc: Optional[torch.Tensor], intermediate_states_buffer: torch.Tensor,
                  intermediate_state_indices: torch.Tensor, cache_steps: int, gate: str,
-                 lower_bound: Optional[float] = None, force_triton: bool = False) -> torch.Tensor:
+                 lower_bound: Optional[float] = None, force_triton: bool = False,
+                 replay_buffer: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Chain verify in upstream's ``target_verify`` layouts.
 
     Args:
@@ -132,6 +133,9 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
         intermediate_states_buffer: ``[rows, steps >= T, HV, V, K]``; ``intermediate_state_indices``
             ``[>= B]`` row per request (negative = not saved).
         gate: ``"kda"`` or ``"gdn"``; lower_bound: KDA safe-gate bound.
+        replay_buffer: deferred commit (``gdn_deferred.py``): FP32 ``[slots, T - 1, HV, K + GK + 1 + V]``
+            indexed by the state slot; the state after token 0 is written to the slot and tokens 1..T-1 keep
+            only their inputs there (``intermediate_states_buffer`` is then not written). ``None``: snapshots.
 
     Returns:
         ``[1, B*T, HV, V]`` in ``v.dtype``.
@@ -162,6 +166,15 @@ def verify_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Ten
     cache_indices = slot_indices("cache_indices", cache_indices, ("ssm_states", ssm_states.shape[0]))
     rows = slot_indices("intermediate_state_indices", intermediate_state_indices[:B],
                         ("intermediate_states_buffer", buf.shape[0])).to(torch.long)
+    if replay_buffer is not None:
+        if force_triton or choose_recurrent(q2, v2, ssm_states, T, gate_kind(gate, lower_bound)) == "triton":
+            o = gated_delta_recurrent_triton(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,
+                                             cache_indices, T, gate, lower_bound, state_layout="vk", commit=False,
+                                             replay_buffer=replay_buffer)
+        else:
+            o = deferred_verify_torch(q2, k2, v2, f, beta, A_log.reshape(-1), dt_bias.reshape(-1), ssm_states,
+                                      cache_indices, replay_buffer, T, gate, lower_bound, "vk")
+        return o.unsqueeze(0)
     if force_triton or choose_recurrent(q2, v2, ssm_states, T, gate_kind(gate, lower_bound)) == "triton":
         t = torch.arange(T, device=rows.device)
         inter_idx = torch.where(rows[:, None] >= 0, rows[:, None] * steps + t[None, :], -1).reshape(-1).to(torch.int32)

@@ -35,6 +35,7 @@ from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from sglang_hybrid.layers.attention.cpu_metadata import CpuLinearAttnMetadataMixin
 from sglang_hybrid.layers.attention.delta_rule_common import forward_extend_lengths
+from sglang_hybrid.layers.attention.gdn_deferred import records_for_layer
 from sglang_hybrid.platforms import current_platform
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,10 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
         ``update_mamba_state_after_mtp_verify`` copies the last accepted step into
         the slot (and into a track slot when the accepted prefix crosses the
         checkpoint grid), so a rejected draft never reaches a stored state.
+
+        With the deferred commit (``gdn_deferred.py``, the default) the recurrent
+        state after row 0 goes to the slot and rows 1..w-1 keep records in the
+        scratch's memory instead; the commit replays the accepted rows.
         """
         md = self.forward_metadata
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
@@ -162,6 +167,7 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
         B = len(slots)
         w = mixed_qkv.shape[0] // B
         km1 = conv_pool.shape[-1]
+        records, _ = records_for_layer(ssm_pool, ssm_steps, w, layer.num_k_heads, mixed_qkv.dtype)
         g, beta = self._gates(layer, a[: B * w], b[: B * w])
         out = mixed_qkv.new_zeros(1, B * w, layer.num_v_heads, layer.head_v_dim)
         for i, slot in enumerate(slots):
@@ -175,9 +181,15 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
                 conv_steps[i, j] = raw[j + 1 : j + 1 + km1].t().to(conv_steps.dtype)
             q, k, v = self._qkv(layer, x)
             o, _, saved = gated_delta_recurrent(q, k, v, g[sl], beta[sl], initial_state=ssm_pool[slot].transpose(-1, -2),
-                                                save_positions=list(range(1, w + 1)))
-            for j, S in enumerate(saved):
-                ssm_steps[i, j] = S.transpose(-1, -2).to(ssm_steps.dtype)
+                                                save_positions=[1] if records is not None else list(range(1, w + 1)))
+            if records is not None:  # deferred commit (gdn_deferred.py): token 0's state and records of the rest
+                ssm_pool[slot] = saved[0].transpose(-1, -2).to(ssm_pool.dtype)
+                kk = k[1:].float().repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=1)
+                records[slot] = torch.cat([kk, g[sl][1:].reshape(w - 1, -1, 1), beta[sl][1:].reshape(w - 1, -1, 1),
+                                           v[1:].float()], dim=-1)
+            else:
+                for j, S in enumerate(saved):
+                    ssm_steps[i, j] = S.transpose(-1, -2).to(ssm_steps.dtype)
             out[0, sl] = o
         return out
 

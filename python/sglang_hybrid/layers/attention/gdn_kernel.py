@@ -43,6 +43,7 @@ from sglang_hybrid.patches import register_patches
 
 from sglang_hybrid.layers.attention.delta_rule_common import (MAMBA_CHUNK, extend_lengths, initial_state_flags,
                                                             plan_track_snapshots, verify_chain)
+from sglang_hybrid.layers.attention.gdn_deferred import records_for_layer
 
 logger = logging.getLogger(__name__)
 
@@ -102,19 +103,21 @@ class SglHybridGDNKernel(TritonGDNKernel):
     def target_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
                       intermediate_states_buffer, intermediate_state_indices, cache_steps, retrieve_parent_token=None,
                       **kwargs):
-        """Chain verify (:func:`delta_rule_common.verify_chain`); tree verify goes to upstream's Triton kernel."""
+        """Chain verify (:func:`delta_rule_common.verify_chain`), deferred commit where it applies
+        (:mod:`gdn_deferred`); tree verify goes to upstream's Triton kernel."""
         if retrieve_parent_token is not None:
             return super().target_verify(A_log, dt_bias, q, k, v, a, b, ssm_states=ssm_states,
                                          cache_indices=cache_indices, query_start_loc=query_start_loc,
                                          intermediate_states_buffer=intermediate_states_buffer,
                                          intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
                                          retrieve_parent_token=retrieve_parent_token, **kwargs)
-        count_call("gdn_verify", "sgl_hybrid")
+        records, _ = records_for_layer(ssm_states, intermediate_states_buffer, int(cache_steps), q.shape[2], v.dtype)
+        count_call("gdn_verify", "sgl_hybrid_deferred" if records is not None else "sgl_hybrid")
         return verify_chain(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=ssm_states,
                             cache_indices=cache_indices, query_start_loc=query_start_loc,
                             intermediate_states_buffer=intermediate_states_buffer,
                             intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-                            gate="gdn", force_triton=self.force_triton)
+                            gate="gdn", force_triton=self.force_triton, replay_buffer=records)
 
     def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, inplace_update: bool = True,
                **kwargs):

@@ -485,6 +485,98 @@ def decode_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, tokens_per
     return o
 
 
+def _record_width(gate: str, K: int, V: int) -> Tuple[int, int]:
+    gk = K if gate == "kda" else 1
+    return gk, K + gk + 1 + V
+
+
+def deferred_verify_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, replay_buffer,
+                          tokens_per_request: int, gate: str = "gdn", lower_bound: Optional[float] = None,
+                          state_layout: str = "vk") -> torch.Tensor:
+    """Plain-torch twin of the deferred-commit verify (``gated_delta_recurrent_triton(..., commit=False,
+    replay_buffer=...)``; seeds digest item 12, issue 41).
+
+    Per request: the state after token 0 (always accepted in a chain verify) is committed to its slot, and
+    tokens 1..T-1 keep only their inputs in ``replay_buffer[slot, t - 1, hv]`` =
+    ``[k (L2-normalised, K) | g (log decay: K floats KDA, 1 GDN) | beta (after the sigmoid, 1) | v (V)]``,
+    the kernel's record layout; :func:`replay_commit_torch` rebuilds the accepted state from them.
+
+    Args:
+        q, k ``[N, H, K]``, v ``[N, HV, V]`` (``N = B * T``), raw ``f`` / ``b``, ``A_log``, ``dt_bias``, ``state``
+            (FP32 pool, ``state_layout``), ``state_indices`` ``[B]`` (negative: padding row, zero output,
+            nothing written) as :func:`decode_torch`.
+        replay_buffer: FP32 ``[slots, T - 1, HV, K + GK + 1 + V]``, indexed by the state slot.
+        tokens_per_request: ``T`` (1 + drafts).
+
+    Returns:
+        ``o`` ``[N, HV, V]`` in ``v.dtype`` (the verify's outputs for all ``T`` tokens).
+
+    Raises:
+        ValueError: ``replay_buffer`` of another shape or dtype.
+    """
+    T = int(tokens_per_request)
+    H, K = q.shape[1], q.shape[2]
+    HV, V = v.shape[1], v.shape[2]
+    gk, rw = _record_width(gate, K, V)
+    if replay_buffer.dtype != torch.float32 or tuple(replay_buffer.shape[1:]) != (T - 1, HV, rw):
+        raise ValueError(f"replay_buffer must be FP32 [slots, {T - 1}, {HV}, {rw}], got "
+                         f"{tuple(replay_buffer.shape)} {replay_buffer.dtype}")
+    g = _gate(f, A_log, dt_bias, gate, lower_bound)
+    beta = torch.sigmoid(b.float())
+    o = torch.zeros_like(v)
+    for i, slot in enumerate(state_indices.tolist()):
+        if slot < 0:
+            continue
+        sl = slice(i * T, (i + 1) * T)
+        qi, ki = norm_ref.l2_norm(q[sl]), norm_ref.l2_norm(k[sl])
+        oi, _, saved = gated_delta_recurrent(qi, ki, v[sl], g[sl], beta[sl],
+                                             initial_state=_slot_state(state, slot, state_layout), save_positions=[1])
+        o[sl] = oi
+        _store_state(state, slot, saved[0], state_layout)
+        if T > 1:
+            kk = ki[1:].float().repeat_interleave(HV // H, dim=1)
+            gg = g[sl][1:].float().reshape(T - 1, HV, gk)
+            replay_buffer[slot] = torch.cat([kk, gg, beta[sl][1:].reshape(T - 1, HV, 1), v[sl][1:].float()], dim=-1)
+    return o
+
+
+def replay_commit_torch(state, state_indices, accept_lens, replay_buffer, head_k_dim: int, gate: str = "gdn",
+                        state_layout: str = "vk") -> None:
+    """Plain-torch twin of ``recurrent.wrapper.replay_commit``: apply tokens ``1 .. accept_lens[i] - 1`` of a
+    deferred window from their records (:func:`deferred_verify_torch`) to the state in slot
+    ``state_indices[i]``, in place, with the update of :func:`gated_delta_recurrent`.
+
+    Args:
+        state: FP32 pool holding each request's state after token 0; ``state_indices`` ``[B]`` (negative: skip);
+        accept_lens: ``[B]`` accepted tokens of the window, token 0 included (``<= 1``: nothing to replay);
+        replay_buffer: ``[slots, T - 1, HV, K + GK + 1 + V]``; head_k_dim: ``K``.
+
+    Raises:
+        ValueError: ``gate`` unknown, a record width that does not fit ``head_k_dim``, or an accepted count
+            above ``T``.
+    """
+    if gate not in ("kda", "gdn"):
+        raise ValueError(f"gate must be 'kda' or 'gdn', got {gate!r}")
+    _, Tm1, HV, rw = replay_buffer.shape
+    K = int(head_k_dim)
+    gk = K if gate == "kda" else 1
+    V = rw - K - gk - 1
+    if V <= 0:
+        raise ValueError(f"replay_buffer rows of {rw} floats do not fit head_k_dim={K} ({gate})")
+    for slot, n in zip(state_indices.tolist(), accept_lens.tolist()):
+        if n > Tm1 + 1:
+            raise ValueError(f"accept_lens: {n} accepted tokens in a window of {Tm1 + 1}")
+        if slot < 0 or n <= 1:
+            continue
+        kk, gg, bb, vv = replay_buffer[slot, : n - 1].float().split([K, gk, 1, V], dim=-1)
+        S = _slot_state(state, slot, state_layout).float()
+        for t in range(n - 1):
+            S = S * gg[t].exp().unsqueeze(-1)
+            err = vv[t] - torch.einsum("hk,hkv->hv", kk[t], S)
+            S = S + torch.einsum("hk,hv->hkv", kk[t] * bb[t], err)
+        _store_state(state, slot, S, state_layout)
+
+
 def _chunked_fp64(q, k, v, g, beta, s0, chunk_size):
     """The chunked WY form in FP64, for grouped value heads and per-head decay too."""
     G = v.shape[1] // q.shape[1]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Optional, Union
 
 import torch
@@ -289,13 +290,32 @@ def replay_commit(
     if V <= 0:
         raise ValueError(f"replay_buffer rows of {rw} floats do not fit head_k_dim={K} ({gate})")
     T, H = Tm1 + 1, num_k_heads or HV
-    N, dev, dt = B * T, state.device, activation_dtype
-    q = torch.zeros(N, H, K, device=dev, dtype=dt)
-    v = torch.zeros(N, HV, V, device=dev, dtype=dt)
-    f = torch.full((N, HV) if gate == "gdn" else (N, HV, K), float("-inf"), device=dev, dtype=dt)
-    b = torch.full((N, HV), float("-inf"), device=dev, dtype=dt)
-    A_log = torch.zeros(HV, device=dev)
-    dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=dev)
+    q, v, f, b, A_log, dt_bias, out = _neutral_window(B * T, H, HV, K, V, gate, state.device, activation_dtype)
     gated_delta_recurrent_triton(q, q, v, f, b, A_log, dt_bias, state, state_indices, T, gate, lower_bound, l2norm=l2norm,
-                                 state_layout=state_layout, commit=True, out=torch.empty_like(v), replay_prev=replay_buffer,
+                                 state_layout=state_layout, commit=True, out=out, replay_prev=replay_buffer,
                                  accept_prev=accept_lens, plan=plan)
+
+
+_NEUTRAL: "OrderedDict[tuple, tuple]" = OrderedDict()
+_NEUTRAL_KEEP = 8  # windows kept (one per batch size a server commits at, most recent first)
+
+
+def _neutral_window(N, H, HV, K, V, gate, device, dtype):
+    """The neutral tokens of :func:`replay_commit` (gate input and beta at -inf, zero q / k / v) and a scratch
+    output, made once per shape and kept (they are only read; the output is never read): a replay per decode
+    step allocates and fills nothing."""
+    key = (N, H, HV, K, V, gate, str(device), dtype)
+    hit = _NEUTRAL.get(key)
+    if hit is not None:
+        _NEUTRAL.move_to_end(key)
+        return hit
+    q = torch.zeros(N, H, K, device=device, dtype=dtype)
+    v = torch.zeros(N, HV, V, device=device, dtype=dtype)
+    f = torch.full((N, HV) if gate == "gdn" else (N, HV, K), float("-inf"), device=device, dtype=dtype)
+    b = torch.full((N, HV), float("-inf"), device=device, dtype=dtype)
+    A_log = torch.zeros(HV, device=device)
+    dt_bias = torch.zeros(HV if gate == "gdn" else HV * K, device=device)
+    _NEUTRAL[key] = hit = (q, v, f, b, A_log, dt_bias, torch.empty_like(v))
+    while len(_NEUTRAL) > _NEUTRAL_KEEP:
+        _NEUTRAL.popitem(last=False)
+    return hit
