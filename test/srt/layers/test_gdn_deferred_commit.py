@@ -174,3 +174,11 @@ def test_draft_count_is_fixed_per_pool():
     gdn_deferred.records_for_layer(c.temporal[0], c.intermediate_ssm[0], T, H, torch.float32)
     with pytest.raises(ValueError, match="draft count is fixed"):
         gdn_deferred.records_for_layer(c.temporal[1], c.intermediate_ssm[1], T - 1, H, torch.float32)
+
+
+def test_auto_is_deferred_on_cpu_and_snapshots_on_a_gpu(monkeypatch):
+    monkeypatch.delenv(gdn_deferred.ENV, raising=False)
+    assert gdn_deferred.commit_mode(torch.device("cpu")) == "deferred"
+    assert gdn_deferred.commit_mode(torch.device("cuda", 0)) == "snapshots"
+    monkeypatch.setenv(gdn_deferred.ENV, "deferred")
+    assert gdn_deferred.commit_mode(torch.device("cuda", 0)) == "deferred"

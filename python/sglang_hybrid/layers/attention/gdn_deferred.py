@@ -32,7 +32,8 @@ A deferred verify is remembered per state pool (its storage), so the commit hook
 records: every verify of that pool is deferred from then on (the choice depends only on shapes fixed at
 start-up), on the Triton kernel and on the torch path alike (:func:`deferred_verify_torch`).
 
-``SGLANG_HYBRID_GDN_VERIFY_COMMIT``: ``deferred`` (default) or ``snapshots`` (upstream's protocol).
+``SGLANG_HYBRID_GDN_VERIFY_COMMIT``: ``deferred``, ``snapshots`` (upstream's protocol) or ``auto`` (the default:
+deferred on CPU, snapshots on a GPU until a GPU run of the deferred commit has passed; :func:`commit_mode`).
 Numerics: the torch path runs the snapshot path's operations in the same order (equal to FP32 rounding of
 the CPU's vector kernels, which depend on memory alignment); the Triton replay runs the verify's kernel with
 the replayed tokens (``replay_commit``), equal to the snapshot of the last accepted token to FP32 rounding
@@ -56,18 +57,24 @@ from sglang_hybrid.patches import register_patches
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_HYBRID_GDN_VERIFY_COMMIT"
-MODES = ("deferred", "snapshots")
+MODES = ("auto", "deferred", "snapshots")
 
 
-def commit_mode() -> str:
-    """``$SGLANG_HYBRID_GDN_VERIFY_COMMIT`` (``deferred`` when unset).
+def commit_mode(device: Optional[torch.device] = None) -> str:
+    """``deferred`` or ``snapshots`` from ``$SGLANG_HYBRID_GDN_VERIFY_COMMIT`` (``auto`` when unset).
+
+    ``auto``: deferred on CPU; on a GPU upstream's snapshots until the deferred commit has run on one
+    (``test/gpu/test_qwen38_gpu.py::TestQwen38MTPGPU`` sets ``deferred``): a served path that has not run on
+    the hardware stays opt-in.
 
     Raises:
-        ValueError: a value other than ``deferred`` / ``snapshots``, naming the variable.
+        ValueError: a value other than ``auto`` / ``deferred`` / ``snapshots``, naming the variable.
     """
-    value = os.environ.get(ENV, "deferred").strip().lower() or "deferred"
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(MODES)}")
+    if value == "auto":
+        return "deferred" if device is None or torch.device(device).type == "cpu" else "snapshots"
     return value
 
 
@@ -161,9 +168,9 @@ def records_for_layer(ssm_states: torch.Tensor, scratch: torch.Tensor, tokens: i
 
 
 def _refusal(ssm_states, whole_states, scratch, tokens) -> Optional[str]:
-    mode = commit_mode()
+    mode = commit_mode(ssm_states.device)
     if mode != "deferred":
-        return f"{ENV}={mode}"
+        return f"{ENV}={os.environ.get(ENV, 'auto')} on {ssm_states.device.type}"
     if tokens < 2:
         return "a window of one token has nothing to defer"
     if ssm_states.dtype != torch.float32:
