@@ -182,3 +182,25 @@ def test_auto_is_deferred_on_cpu_and_snapshots_on_a_gpu(monkeypatch):
     assert gdn_deferred.commit_mode(torch.device("cuda", 0)) == "snapshots"
     monkeypatch.setenv(gdn_deferred.ENV, "deferred")
     assert gdn_deferred.commit_mode(torch.device("cuda", 0)) == "deferred"
+
+
+def test_pool_that_is_itself_a_view_is_committed_by_replay():
+    """Upstream's ``temporal`` may be a view of a larger allocation (its layer views' root is then that
+    allocation): the verify registers under the root and the commit must find it from ``temporal``, else
+    upstream's scatter would copy snapshots that were never written."""
+    gen = torch.Generator().manual_seed(5)
+    slots, rows = torch.tensor([2, 6], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    inputs = _inputs(gen, 2)
+    deferred = _pools(gen)
+    snap = _clone(deferred)
+    deferred.temporal = deferred.temporal.view(L, SLOTS, HV, V, K)  # a view: its root is the allocation
+    assert deferred.temporal._base is not None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(gdn_deferred.ENV, "snapshots")
+        _verify_all_layers(snap, slots, rows, inputs, False)
+    _verify_all_layers(deferred, slots, rows, inputs, False)
+    assert gdn_deferred.window_of(deferred.temporal) is not None
+    last = torch.tensor([3, 2])
+    scatter_states_after_verify_torch(snap, slots, last, None, None, rows)
+    gdn_deferred.scatter_after_verify(_never_called, deferred, slots, last, None, None, rows)
+    torch.testing.assert_close(deferred.temporal, snap.temporal, rtol=1e-6, atol=1e-6)

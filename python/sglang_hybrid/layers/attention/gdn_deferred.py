@@ -106,13 +106,18 @@ _REFUSED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()  # pool -> why its verif
 
 
 def window_of(states: torch.Tensor) -> Optional[DeferredWindow]:
-    """The deferred window registered for the whole pool ``states`` (upstream's ``temporal``), or ``None``."""
-    return _WINDOWS.get(states)
+    """The deferred window registered for the pool ``states`` (upstream's ``temporal`` ``[L, slots, ...]``),
+    or ``None``. Looked up by the root tensor of its layer views, the key the verify registered under
+    (``records_for_layer`` sees only a layer's view), so a ``temporal`` that is itself a view finds it too."""
+    if states.dim() < 2 or states.numel() == 0:
+        return None
+    root = _whole(states[0])
+    return _WINDOWS.get(root) if root is not None else None
 
 
 def _whole(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """The pool tensor ``t`` is a layer of (``t._base``, upstream's ``pool[layer]`` view), when ``t`` is its
-    contiguous layer ``t.storage_offset() // t.numel()``."""
+    """The pool tensor ``t`` is a layer of (``t._base``: the root of upstream's ``pool[layer]`` view), when
+    ``t`` is its contiguous layer ``t.storage_offset() // t.numel()``."""
     base = t._base
     if base is None or not base.is_contiguous() or not t.is_contiguous() or base.dim() != t.dim() + 1:
         return None
@@ -263,7 +268,7 @@ def scatter_after_verify(original_fn, mamba_caches, state_indices_tensor, last_c
     A pool whose verify was deferred: conv windows through upstream's scatter (torch on CPU), the SSM
     states by :func:`commit_deferred`. Any other pool: upstream's scatter (GPU) or its torch version (CPU,
     ``platforms/cpu_spec.py``)."""
-    window = window_of(mamba_caches.temporal) if mamba_caches.temporal.numel() else None
+    window = window_of(mamba_caches.temporal)
     caches = _ConvOnly(mamba_caches) if window is not None else mamba_caches
     on_gpu = any(t.is_cuda or getattr(t, "is_xpu", False) for t in [mamba_caches.temporal, *mamba_caches.conv])
     if on_gpu:
