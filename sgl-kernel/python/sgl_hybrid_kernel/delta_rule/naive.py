@@ -454,6 +454,19 @@ def _store_state(state, slot, S, state_layout):
     state[slot] = (S if state_layout == "kv" else S.transpose(-1, -2)).to(state.dtype)
 
 
+def _windows(q, k, f, b, A_log, dt_bias, state_indices, T, gate, lower_bound):
+    """The gates (log decay ``g``, ``beta`` after the sigmoid) of all ``N = B * T`` tokens, and per request that is
+    not padding (slot >= 0) ``(slot, its token slice, L2-normalised q and k of those tokens)``."""
+    g = _gate(f, A_log, dt_bias, gate, lower_bound)
+    beta = torch.sigmoid(b.float())
+    windows = []
+    for i, slot in enumerate(state_indices.tolist()):
+        if slot >= 0:
+            sl = slice(i * T, (i + 1) * T)
+            windows.append((slot, sl, norm_ref.l2_norm(q[sl]), norm_ref.l2_norm(k[sl])))
+    return g, beta, windows
+
+
 def decode_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, tokens_per_request: int = 1, gate: str = "kda",
                  lower_bound: Optional[float] = None, state_layout: str = "vk") -> torch.Tensor:
     """Plain-torch twin of ``gated_delta_recurrent_triton`` (commit, no extras): what CPU serving runs.
@@ -467,14 +480,9 @@ def decode_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, tokens_per
     """
     T = int(tokens_per_request)
     H, HV = q.shape[1], v.shape[1]
-    g = _gate(f, A_log, dt_bias, gate, lower_bound)
-    beta = torch.sigmoid(b.float())
+    g, beta, windows = _windows(q, k, f, b, A_log, dt_bias, state_indices, T, gate, lower_bound)
     o = torch.zeros_like(v)
-    for i, slot in enumerate(state_indices.tolist()):
-        if slot < 0:
-            continue
-        sl = slice(i * T, (i + 1) * T)
-        qi, ki = norm_ref.l2_norm(q[sl]), norm_ref.l2_norm(k[sl])
+    for slot, sl, qi, ki in windows:
         s0 = _slot_state(state, slot, state_layout)
         if gate == "kda" and H == HV:
             oi, S = kda_recurrent(qi, ki, v[sl], g[sl], beta[sl], initial_state=s0)
@@ -521,14 +529,9 @@ def deferred_verify_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, r
     if replay_buffer.dtype != torch.float32 or tuple(replay_buffer.shape[1:]) != (T - 1, HV, rw):
         raise ValueError(f"replay_buffer must be FP32 [slots, {T - 1}, {HV}, {rw}], got "
                          f"{tuple(replay_buffer.shape)} {replay_buffer.dtype}")
-    g = _gate(f, A_log, dt_bias, gate, lower_bound)
-    beta = torch.sigmoid(b.float())
+    g, beta, windows = _windows(q, k, f, b, A_log, dt_bias, state_indices, T, gate, lower_bound)
     o = torch.zeros_like(v)
-    for i, slot in enumerate(state_indices.tolist()):
-        if slot < 0:
-            continue
-        sl = slice(i * T, (i + 1) * T)
-        qi, ki = norm_ref.l2_norm(q[sl]), norm_ref.l2_norm(k[sl])
+    for slot, sl, qi, ki in windows:
         oi, _, saved = gated_delta_recurrent(qi, ki, v[sl], g[sl], beta[sl],
                                              initial_state=_slot_state(state, slot, state_layout), save_positions=[1])
         o[sl] = oi
