@@ -27,7 +27,7 @@ import logging
 import torch
 
 from sgl_hybrid_kernel.conv.reference import causal_conv1d, causal_conv1d_step
-from sgl_hybrid_kernel.delta_rule.naive import gated_delta_recurrent, gdn_gate
+from sgl_hybrid_kernel.delta_rule.naive import deferred_records, gated_delta_recurrent, gdn_gate
 from sgl_hybrid_kernel.dispatch import record_choice
 from sgl_hybrid_kernel.norm.reference import l2_norm
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
@@ -184,9 +184,7 @@ class HybridGDNAttnBackend(CpuLinearAttnMetadataMixin, GDNAttnBackend):
                                                 save_positions=[1] if records is not None else list(range(1, w + 1)))
             if records is not None:  # deferred commit (gdn_deferred.py): token 0's state and records of the rest
                 ssm_pool[slot] = saved[0].transpose(-1, -2).to(ssm_pool.dtype)
-                kk = k[1:].float().repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=1)
-                records[slot] = torch.cat([kk, g[sl][1:].reshape(w - 1, -1, 1), beta[sl][1:].reshape(w - 1, -1, 1),
-                                           v[1:].float()], dim=-1)
+                records[slot] = deferred_records(k[1:], g[sl][1:], beta[sl][1:], v[1:])
             else:
                 for j, S in enumerate(saved):
                     ssm_steps[i, j] = S.transpose(-1, -2).to(ssm_steps.dtype)

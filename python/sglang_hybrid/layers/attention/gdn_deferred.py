@@ -137,8 +137,8 @@ def records_for_layer(ssm_states: torch.Tensor, scratch: torch.Tensor, tokens: i
         tokens: ``T``; num_k_heads: ``H``; activation_dtype: q / k / v dtype.
 
     Returns:
-        ``(records [slots, T - 1, HV, K + 2 + V] FP32, "deferred")`` (rows ``l * slots ..`` of the whole view, so
-        the commit replays every layer in one launch), or ``(None, reason)``. The first call per pool decides
+        ``(records [slots, T - 1, HV, K + 2 + V] FP32, "deferred")`` (rows ``l * slots ..`` of the whole view),
+        or ``(None, reason)``. The first call per pool decides
         and logs; later calls of that pool follow it.
     """
     whole_states = _whole(ssm_states)

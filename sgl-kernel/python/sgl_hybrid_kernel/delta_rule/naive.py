@@ -523,9 +523,9 @@ def deferred_verify_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, r
         ValueError: ``replay_buffer`` of another shape or dtype.
     """
     T = int(tokens_per_request)
-    H, K = q.shape[1], q.shape[2]
+    K = q.shape[2]
     HV, V = v.shape[1], v.shape[2]
-    gk, rw = _record_width(gate, K, V)
+    _, rw = _record_width(gate, K, V)
     if replay_buffer.dtype != torch.float32 or tuple(replay_buffer.shape[1:]) != (T - 1, HV, rw):
         raise ValueError(f"replay_buffer must be FP32 [slots, {T - 1}, {HV}, {rw}], got "
                          f"{tuple(replay_buffer.shape)} {replay_buffer.dtype}")
@@ -537,10 +537,23 @@ def deferred_verify_torch(q, k, v, f, b, A_log, dt_bias, state, state_indices, r
         o[sl] = oi
         _store_state(state, slot, saved[0], state_layout)
         if T > 1:
-            kk = ki[1:].float().repeat_interleave(HV // H, dim=1)
-            gg = g[sl][1:].float().reshape(T - 1, HV, gk)
-            replay_buffer[slot] = torch.cat([kk, gg, beta[sl][1:].reshape(T - 1, HV, 1), v[sl][1:].float()], dim=-1)
+            replay_buffer[slot] = deferred_records(ki[1:], g[sl][1:], beta[sl][1:], v[sl][1:])
     return o
+
+
+def deferred_records(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The replay records of a deferred window's tokens 1..T-1, in the kernel's layout (``FLAG_DEFERRED``).
+
+    Args:
+        k: ``[T - 1, H, K]`` L2-normalised keys; g: log decay ``[T - 1, HV, K]`` (KDA) or ``[T - 1, HV]`` (GDN);
+        beta: ``[T - 1, HV]`` after the sigmoid; v: ``[T - 1, HV, V]``.
+
+    Returns:
+        FP32 ``[T - 1, HV, K + GK + 1 + V]``: per value head ``[k of its key head | g | beta | v]``.
+    """
+    n, HV = v.shape[0], v.shape[1]
+    kk = k.float().repeat_interleave(HV // k.shape[1], dim=1)
+    return torch.cat([kk, g.float().reshape(n, HV, -1), beta.float().reshape(n, HV, 1), v.float()], dim=-1)
 
 
 def replay_commit_torch(state, state_indices, accept_lens, replay_buffer, head_k_dim: int, gate: str = "gdn",
